@@ -1,0 +1,179 @@
+"""Events of one interactive generation, from request to settlement.
+
+Which topic carries which event is decided in `models.topics`; text (prompt and
+completion deltas) only ever appears in `PromptSubmitted` and `TokensEmitted`, which
+live on bounded-retention topics.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from models.events import Payload, event
+
+Priority = Literal["high", "normal", "batch"]
+FinishReason = Literal["stop", "length"]
+RejectReason = Literal[
+    "rate", "concurrency", "tokens", "spend", "input_too_large", "output_too_large",
+    "deadline", "unknown_model", "tenant_disabled",
+]
+
+
+class Position(Payload):
+    """Where a record sits on the log."""
+
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class Timings(Payload):
+    queued_ms: int = Field(default=0, ge=0)
+    ttft_ms: int | None = Field(default=None, ge=0)
+    duration_ms: int = Field(default=0, ge=0)
+
+
+class Sampling(Payload):
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@event("PromptSubmitted")
+class PromptSubmitted(Payload):
+    request_id: str
+    prompt: str
+
+
+@event("GenerationRequested")
+class GenerationRequested(Payload):
+    request_id: str
+    application_id: str = "default"
+    key_id: str | None = None
+    model_alias: str
+    model_revision: str
+    input_tokens: int = Field(ge=0)
+    input_sha256: str
+    max_output_tokens: int = Field(gt=0)
+    deadline_at: datetime | None = None
+    priority: Priority = "normal"
+    sampling: Sampling = Sampling()
+    prompt_ref: Position
+    route: str = "generations"
+
+
+@event("CancelRequested")
+class CancelRequested(Payload):
+    request_id: str
+    reason: Literal["client", "client_gone", "deadline", "admin"] = "client"
+
+
+@event("BudgetReserved")
+class BudgetReserved(Payload):
+    request_id: str
+    reservation_id: str
+    tokens: int = Field(ge=0)
+    cost_micros: int = Field(ge=0)
+    expires_at: datetime
+    model_revision: str = ""
+
+
+@event("GenerationAdmitted")
+class GenerationAdmitted(Payload):
+    request_id: str
+    reservation_id: str
+    work_topic: str
+
+
+@event("GenerationRejected")
+class GenerationRejected(Payload):
+    request_id: str
+    reason: RejectReason
+    message: str
+    retry_after_ms: int | None = Field(default=None, ge=0)
+
+
+@event("GenerationQueued")
+class GenerationQueued(Payload):
+    """The work item a pool worker takes: the request plus what admission decided."""
+
+    request: GenerationRequested
+    reservation_id: str
+    queued_at: datetime
+
+
+@event("GenerationStarted")
+class GenerationStarted(Payload):
+    request_id: str
+    worker_id: str
+    model_revision: str
+    queued_ms: int = Field(ge=0)
+
+
+@event("TokensEmitted")
+class TokensEmitted(Payload):
+    request_id: str
+    seq: int = Field(ge=0)
+    text: str
+    token_count: int = Field(ge=0)
+
+
+@event("GenerationCompleted")
+class GenerationCompleted(Payload):
+    request_id: str
+    finish_reason: FinishReason
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    model_revision: str
+    output_sha256: str
+    timings: Timings
+
+
+@event("GenerationFailed")
+class GenerationFailed(Payload):
+    request_id: str
+    error_code: str
+    message: str
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    timings: Timings = Timings()
+
+
+@event("GenerationCancelled")
+class GenerationCancelled(Payload):
+    request_id: str
+    reason: Literal["client", "client_gone", "deadline", "admin"]
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    timings: Timings = Timings()
+
+
+@event("UsageSettled")
+class UsageSettled(Payload):
+    request_id: str
+    reservation_id: str
+    terminal_status: Literal["completed", "failed", "cancelled", "expired"]
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    cost_micros: int = Field(ge=0)
+
+
+@event("ReservationReleased")
+class ReservationReleased(Payload):
+    request_id: str
+    reservation_id: str
+    released_tokens: int = Field(ge=0)
+    released_cost_micros: int = Field(ge=0)
+
+
+@event("ReservationExpired")
+class ReservationExpired(Payload):
+    request_id: str
+    reservation_id: str
+
+
+TERMINAL_TYPES = frozenset({"GenerationCompleted", "GenerationFailed", "GenerationCancelled"})

@@ -1,0 +1,97 @@
+"""Who is who and what may be used: the state that admin events build.
+
+Pure: `apply` takes an envelope and updates the registry; readers (API, admission,
+workers) each keep one and feed it the admin topic.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from models.events import Envelope
+from models.events_admin import (
+    ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated,
+)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass
+class Tenant:
+    tenant_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Principal:
+    """What a credential resolves to. The only source of a request's tenant."""
+
+    tenant_id: str
+    application_id: str
+    key_id: str
+    scopes: frozenset[str]
+
+
+@dataclass
+class Revision:
+    model_revision: str
+    model_path: str
+    engine_config_hash: str
+    max_model_len: int
+    price_input_per_1k_micros: int
+    price_output_per_1k_micros: int
+
+
+@dataclass
+class Alias:
+    alias: str
+    model_revision: str
+    allowed_tenants: frozenset[str]
+
+    def allows(self, tenant_id: str) -> bool:
+        return "*" in self.allowed_tenants or tenant_id in self.allowed_tenants
+
+
+@dataclass
+class Registry:
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    keys_by_hash: dict[str, Principal] = field(default_factory=dict)
+    revoked: set[str] = field(default_factory=set)
+    revisions: dict[str, Revision] = field(default_factory=dict)
+    aliases: dict[str, Alias] = field(default_factory=dict)
+
+    def apply(self, env: Envelope) -> None:
+        p = env.payload
+        if isinstance(p, TenantCreated):
+            self.tenants.setdefault(p.tenant_id, Tenant(p.tenant_id, p.name))
+        elif isinstance(p, ApiKeyIssued):
+            self.keys_by_hash[p.secret_sha256] = Principal(
+                p.tenant_id, p.application_id, p.key_id, frozenset(p.scopes)
+            )
+        elif isinstance(p, ApiKeyRevoked):
+            self.revoked.add(p.key_id)
+        elif isinstance(p, ModelRevisionApproved):
+            self.revisions[p.model_revision] = Revision(
+                p.model_revision, p.model_path, p.engine_config_hash, p.max_model_len,
+                p.price_input_per_1k_micros, p.price_output_per_1k_micros,
+            )
+        elif isinstance(p, ModelAliasSet):
+            self.aliases[p.alias] = Alias(p.alias, p.model_revision, frozenset(p.allowed_tenants))
+
+    def authenticate(self, secret: str) -> Principal | None:
+        principal = self.keys_by_hash.get(hash_secret(secret))
+        if principal is None or principal.key_id in self.revoked or principal.tenant_id not in self.tenants:
+            return None
+        return principal
+
+    def resolve_alias(self, alias: str, tenant_id: str) -> Revision | None:
+        """The revision an alias pins for this tenant; None when unknown or not allowed."""
+        entry = self.aliases.get(alias)
+        if entry is None or not entry.allows(tenant_id):
+            return None
+        return self.revisions.get(entry.model_revision)
+
+    def aliases_for(self, tenant_id: str) -> list[Alias]:
+        return sorted((a for a in self.aliases.values() if a.allows(tenant_id)), key=lambda a: a.alias)

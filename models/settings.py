@@ -1,0 +1,44 @@
+"""The one settings class. Built by entrypoints from the environment (`LEDGERLM_*`), then
+passed down; adapters are chosen by the scheme of their URL."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_HOME = Path(".local/ledgerlm")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LEDGERLM_", extra="ignore")
+
+    home: Path = DEFAULT_HOME
+    # kafka://host:port[,host:port] or sqlite:///path/to/log.db
+    event_log_url: str = f"sqlite:///{DEFAULT_HOME}/eventlog.db"
+    # any SQLAlchemy URL: postgresql+psycopg://... or sqlite:///...
+    database_url: str = f"sqlite:///{DEFAULT_HOME}/ledgerlm.db"
+    # s3://bucket/prefix or file:///path
+    object_store_url: str = f"file://{DEFAULT_HOME.resolve()}/objects"
+    s3_endpoint_url: str | None = None
+    s3_key: str | None = None
+    s3_secret: str | None = None
+    # redis://... for production and tests; the embedded default needs no server
+    celery_broker_url: str = f"sqla+sqlite:///{DEFAULT_HOME}/celery.db"
+
+    model: Path | None = None  # a Hugging Face model directory; a tiny one is generated when unset
+    model_alias: str = "tiny"
+    max_model_len: int = 512
+    kv_cache_gb: float = 1.0
+    engine_max_seqs: int = 16
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    bootstrap_token: str | None = None  # platform admin credential for the first tenant and keys
+    audit_signing_key: str = Field(default="dev-only-change-me", repr=False)
+    grace_s: float = 30.0
+    default_deadline_ms: int = 120_000
+
+    def ensure_home(self) -> Path:
+        self.home.mkdir(parents=True, exist_ok=True)
+        return self.home

@@ -1,0 +1,34 @@
+"""The topics of ledgerlm, their partition counts, retention, and what each carries.
+
+Durable topics (no retention) carry no prompt or completion text, so they can be kept
+and replayed forever; text lives only on the bounded-retention topics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    partitions: int
+    retention_ms: int | None
+    keyed_by: str
+    carries: str
+
+
+REQUESTS = Topic("ledgerlm.requests", 8, None, "tenant", "GenerationRequested, CancelRequested")
+LEDGER = Topic("ledgerlm.ledger", 8, None, "tenant",
+               "BudgetReserved, GenerationAdmitted/Rejected, UsageSettled, Reservation*")
+OUTCOMES = Topic("ledgerlm.outcomes", 8, None, "tenant", "GenerationStarted and terminal events, without text")
+ADMIN = Topic("ledgerlm.admin", 1, None, "tenant", "tenants, keys, limits, model revisions and aliases")
+PROMPTS = Topic("ledgerlm.prompts", 8, 7 * DAY_MS, "request", "PromptSubmitted (text)")
+STREAM = Topic("ledgerlm.stream", 8, 1 * DAY_MS, "request", "GenerationStarted, TokensEmitted (text), terminal events")
+WORK_HIGH = Topic("ledgerlm.work.interactive-high", 4, 1 * DAY_MS, "tenant", "GenerationQueued, priority high")
+WORK_NORMAL = Topic("ledgerlm.work.interactive-normal", 4, 1 * DAY_MS, "tenant", "GenerationQueued, priority normal")
+
+DURABLE = (ADMIN, REQUESTS, LEDGER, OUTCOMES)
+ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMAL)
+WORK_BY_PRIORITY = {"high": WORK_HIGH, "normal": WORK_NORMAL}

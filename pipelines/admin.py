@@ -1,0 +1,109 @@
+"""Admin commands and the registry view every process keeps of the admin topic."""
+from __future__ import annotations
+
+import secrets
+import threading
+import uuid
+
+from models import topics
+from models.events import Envelope, decode, encode, new_event
+from models.events_admin import (
+    ALL_SCOPES, ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated,
+)
+from models.registry import Registry, hash_secret
+from pipelines.eventlog import EventLog, Message
+
+PLATFORM = "_platform"  # tenant id under which platform-wide admin events are keyed
+
+
+class AdminError(ValueError):
+    pass
+
+
+class RegistryView:
+    """A `Registry` kept up to date by reading the admin topic from where it left off."""
+
+    def __init__(self, log: EventLog):
+        self._log = log
+        self._next = 0
+        self._lock = threading.Lock()
+        self.registry = Registry()
+
+    def refresh(self, timeout_s: float = 0.0) -> Registry:
+        with self._lock:
+            while True:
+                records = self._log.read(topics.ADMIN.name, 0, self._next, max_records=1000, timeout_s=timeout_s)
+                for record in records:
+                    self.registry.apply(decode(record.value))
+                    self._next = record.offset + 1
+                if len(records) < 1000:
+                    return self.registry
+                timeout_s = 0.0
+
+
+def _append(log: EventLog, env: Envelope) -> None:
+    log.append(topics.ADMIN.name, [Message(key=env.tenant_id, value=encode(env), partition=0)])
+
+
+def _admin_event(payload, tenant_id: str) -> Envelope:
+    return new_event(payload, tenant_id=tenant_id, correlation_id=str(uuid.uuid4()))
+
+
+def create_tenant(view: RegistryView, *, tenant_id: str, name: str, actor: str) -> Envelope:
+    if tenant_id in view.refresh().tenants:
+        raise AdminError(f"tenant {tenant_id!r} already exists")
+    env = _admin_event(TenantCreated(tenant_id=tenant_id, name=name, actor=actor), tenant_id)
+    _append(view._log, env)
+    return env
+
+
+def issue_key(
+    view: RegistryView, *, tenant_id: str, actor: str, application_id: str = "default",
+    scopes: tuple[str, ...] = ("generate", "batch", "usage"),
+) -> tuple[str, Envelope]:
+    """Returns the secret (shown once) and the event, which stores only its hash."""
+    if tenant_id not in view.refresh().tenants:
+        raise AdminError(f"tenant {tenant_id!r} does not exist")
+    unknown = set(scopes) - set(ALL_SCOPES)
+    if unknown:
+        raise AdminError(f"unknown scopes: {sorted(unknown)}")
+    key_id = "key_" + secrets.token_hex(6)
+    secret = f"llm-{key_id[4:]}-{secrets.token_urlsafe(24)}"
+    env = _admin_event(
+        ApiKeyIssued(key_id=key_id, tenant_id=tenant_id, application_id=application_id,
+                     secret_sha256=hash_secret(secret), scopes=tuple(scopes), actor=actor),
+        tenant_id,
+    )
+    _append(view._log, env)
+    return secret, env
+
+
+def revoke_key(view: RegistryView, *, key_id: str, actor: str) -> Envelope:
+    registry = view.refresh()
+    owner = next((p.tenant_id for p in registry.keys_by_hash.values() if p.key_id == key_id), None)
+    if owner is None:
+        raise AdminError(f"key {key_id!r} does not exist")
+    env = _admin_event(ApiKeyRevoked(key_id=key_id, tenant_id=owner, actor=actor), owner)
+    _append(view._log, env)
+    return env
+
+
+def approve_model(
+    view: RegistryView, *, alias: str, model_revision: str, model_path: str, engine_config_hash: str,
+    max_model_len: int, actor: str, price_input_per_1k_micros: int = 0, price_output_per_1k_micros: int = 0,
+    allowed_tenants: tuple[str, ...] = ("*",),
+) -> list[Envelope]:
+    registry = view.refresh()
+    events = []
+    if model_revision not in registry.revisions:
+        events.append(_admin_event(ModelRevisionApproved(
+            model_revision=model_revision, model_path=model_path, engine_config_hash=engine_config_hash,
+            max_model_len=max_model_len, price_input_per_1k_micros=price_input_per_1k_micros,
+            price_output_per_1k_micros=price_output_per_1k_micros, actor=actor), PLATFORM))
+    current = registry.aliases.get(alias)
+    if current is None or current.model_revision != model_revision or current.allowed_tenants != frozenset(allowed_tenants):
+        events.append(_admin_event(ModelAliasSet(
+            alias=alias, model_revision=model_revision, allowed_tenants=allowed_tenants, actor=actor), PLATFORM))
+    for env in events:
+        _append(view._log, env)
+    return events

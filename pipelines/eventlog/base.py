@@ -1,0 +1,141 @@
+"""The `EventLog` port: topics of partitions of ordered records, and consumer groups.
+
+Two adapters implement it (`KafkaEventLog`, `EmbeddedEventLog`); one contract suite in
+`tests/contract/test_eventlog.py` holds both to the same behaviour.
+
+Commit order, written down once: outputs are flushed first, then input offsets are
+committed. `GroupConsumer.commit_with(outputs)` does both atomically (a Kafka
+transaction, or one SQLite transaction), so a crash anywhere redelivers the input and
+leaves no output behind.
+"""
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+class EventLogError(RuntimeError):
+    pass
+
+
+class UnknownTopic(EventLogError):
+    pass
+
+
+class Fenced(EventLogError):
+    """This consumer no longer owns a partition it tried to commit: a rebalance moved it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    retention_ms: int | None = None  # None keeps records forever
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A record to append. Records with the same key land in the same partition, in order."""
+
+    key: str
+    value: bytes
+    partition: int | None = None  # chosen from the key when None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    timestamp_ms: int
+
+
+TopicPartition = tuple[str, int]
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition of a key. Both adapters use this, so placement is identical."""
+    return zlib.crc32(key.encode()) % partitions
+
+
+class GroupConsumer(ABC):
+    """One member of a consumer group. Partitions of its topics are split among members."""
+
+    @abstractmethod
+    def poll(self, *, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Records after the last position handed out, waiting up to `timeout_s` for some."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Commits the positions of every record returned by `poll` so far."""
+
+    @abstractmethod
+    def commit_with(self, outputs: Sequence[tuple[str, Message]]) -> None:
+        """Appends `outputs` and commits the polled positions as one atomic unit.
+
+        Raises `Fenced` (and writes nothing) when a partition was reassigned meanwhile.
+        """
+
+    @abstractmethod
+    def committed(self, topic: str, partition: int) -> int | None:
+        """The group's next offset to read for that partition, or None if never committed."""
+
+    @abstractmethod
+    def seek_to_committed(self) -> None:
+        """Forgets positions handed out but not committed (after a failed unit of work)."""
+
+    @abstractmethod
+    def assignment(self) -> set[TopicPartition]:
+        ...
+
+    @abstractmethod
+    def close(self) -> None:
+        ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class EventLog(ABC):
+    @abstractmethod
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        """Creates missing topics with their partition counts; existing ones are left alone."""
+
+    @abstractmethod
+    def partitions(self, topic: str) -> int:
+        ...
+
+    @abstractmethod
+    def append(self, topic: str, messages: Sequence[Message]) -> list[Record]:
+        """Appends durably (acknowledged by the log) and returns the records as stored."""
+
+    @abstractmethod
+    def read(
+        self, topic: str, partition: int, offset: int, *, max_records: int = 500, timeout_s: float = 0.0
+    ) -> list[Record]:
+        """Records at `offset` and after, waiting up to `timeout_s` when there are none yet."""
+
+    @abstractmethod
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The offset the next appended record of that partition will get."""
+
+    @abstractmethod
+    def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
+        ...
+
+    @abstractmethod
+    def close(self) -> None:
+        ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
