@@ -63,6 +63,8 @@ class GenerationRequested(Payload):
     priority: Priority = "normal"
     sampling: Sampling = Sampling()
     prompt_ref: Position
+    # Offset of the request's stream partition when it was submitted: its stream starts here.
+    stream_offset: int = Field(default=0, ge=0)
     route: str = "generations"
 
 

@@ -10,6 +10,7 @@ leaves no output behind.
 """
 from __future__ import annotations
 
+import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -103,6 +104,35 @@ class GroupConsumer(ABC):
         self.close()
 
 
+class Tail:
+    """Follows chosen partitions of one topic from given offsets, outside any group.
+
+    This generic form reads partition by partition; adapters may offer a faster one.
+    """
+
+    def __init__(self, log: "EventLog", topic: str, offsets: dict[int, int]):
+        self._log, self._topic, self.offsets = log, topic, dict(offsets)
+
+    def poll(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Record]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out: list[Record] = []
+            for partition, offset in self.offsets.items():
+                batch = self._log.read(self._topic, partition, offset, max_records=max_records - len(out))
+                if batch:
+                    self.offsets[partition] = batch[-1].offset + 1
+                    out += batch
+                if len(out) >= max_records:
+                    break
+            remaining = deadline - time.monotonic()
+            if out or remaining <= 0:
+                return out
+            time.sleep(min(0.005, remaining))  # adapter-level wait, bounded by the caller's timeout
+
+    def close(self) -> None:
+        pass
+
+
 class EventLog(ABC):
     @abstractmethod
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
@@ -129,6 +159,10 @@ class EventLog(ABC):
     @abstractmethod
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         ...
+
+    def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
+        """Follows `offsets` ({partition: next offset}) of `topic`; every caller sees every record."""
+        return Tail(self, topic, offsets)
 
     @abstractmethod
     def close(self) -> None:

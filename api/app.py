@@ -1,0 +1,43 @@
+"""The FastAPI application. `create_app` takes what it needs; `build_services` is what
+the `ledgerlm serve api` entrypoint wires from settings."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import errors
+from api.deps import Services
+from api.routes import generations
+from api.stream_hub import StreamHub
+from models.settings import Settings
+from pipelines.admin import RegistryView
+from pipelines.bootstrap import open_log
+from pipelines.tokencount import TokenCounter
+
+
+def build_services(settings: Settings) -> Services:
+    log = open_log(settings)
+    return Services(settings=settings, log=log, registry_view=RegistryView(log), counter=TokenCounter(),
+                    hub=StreamHub(log))
+
+
+def create_app(services: Services) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        services.hub.start()
+        try:
+            yield
+        finally:
+            services.hub.stop()
+
+    app = FastAPI(title="ledgerlm", lifespan=lifespan)
+    app.state.services = services
+    errors.install(app)
+    app.include_router(generations.router)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,139 @@
+"""The `ledgerlm` command. Verbs translate arguments into a call of a handler; verbs that
+run inference (`serve worker`, `model ...`) are carried out by `python -m workers`, a
+separate entrypoint, so this module never imports the engine."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import timedelta
+
+from models.settings import Settings
+
+WORKER_VERBS = {"worker", "model"}
+
+
+def _serve_api(settings: Settings, _: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import build_services, create_app
+
+    app = create_app(build_services(settings))
+    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="warning")
+    return 0
+
+
+def _run_until_signal(run_once, close) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.is_set():
+            run_once()
+    finally:
+        close()
+    return 0
+
+
+def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
+    from pipelines.admin import RegistryView
+    from pipelines.admission import AdmissionProcessor
+    from pipelines.bootstrap import open_log
+
+    log = open_log(settings)
+    processor = AdmissionProcessor(log, RegistryView(log), grace=timedelta(seconds=settings.grace_s))
+    return _run_until_signal(processor.run_once, lambda: (processor.close(), log.close()))
+
+
+def _admin(settings: Settings, args: argparse.Namespace) -> int:
+    from pipelines import admin
+    from pipelines.bootstrap import open_log
+
+    actor = os.environ.get("USER", "cli")
+    with open_log(settings) as log:
+        view = admin.RegistryView(log)
+        try:
+            if args.what == "tenant" and args.action == "create":
+                admin.create_tenant(view, tenant_id=args.tenant_id, name=args.name or args.tenant_id, actor=actor)
+                print(json.dumps({"tenant_id": args.tenant_id}))
+            elif args.what == "tenant" and args.action == "list":
+                for tenant in view.refresh().tenants.values():
+                    print(json.dumps({"tenant_id": tenant.tenant_id, "name": tenant.name}))
+            elif args.what == "key" and args.action == "issue":
+                secret, env = admin.issue_key(view, tenant_id=args.tenant, actor=actor, application_id=args.application,
+                                              scopes=tuple(args.scopes.split(",")))
+                print(json.dumps({"key_id": env.payload.key_id, "api_key": secret, "tenant_id": args.tenant}))
+            elif args.what == "key" and args.action == "revoke":
+                admin.revoke_key(view, key_id=args.key_id, actor=actor)
+                print(json.dumps({"revoked": args.key_id}))
+        except admin.AdminError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def _db(settings: Settings, args: argparse.Namespace) -> int:
+    from migrations.runner import downgrade, upgrade
+
+    (upgrade if args.action == "upgrade" else downgrade)(settings.database_url, args.revision)
+    return 0
+
+
+def _demo(settings: Settings, _: argparse.Namespace) -> int:
+    from api.demo import run_demo
+
+    return run_demo(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ledgerlm", description="event-sourced multi-tenant LLM platform")
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    serve = sub.add_parser("serve", help="run one of the platform's processes")
+    serve.add_argument("process", choices=["api", "admission", "worker"])
+
+    admin = sub.add_parser("admin", help="tenants and keys (appended to the log as admin events)")
+    admin_sub = admin.add_subparsers(dest="what", required=True)
+    tenant = admin_sub.add_parser("tenant").add_subparsers(dest="action", required=True)
+    create = tenant.add_parser("create")
+    create.add_argument("tenant_id")
+    create.add_argument("--name")
+    tenant.add_parser("list")
+    key = admin_sub.add_parser("key").add_subparsers(dest="action", required=True)
+    issue = key.add_parser("issue")
+    issue.add_argument("--tenant", required=True)
+    issue.add_argument("--application", default="default")
+    issue.add_argument("--scopes", default="generate,batch,usage")
+    revoke = key.add_parser("revoke")
+    revoke.add_argument("key_id")
+
+    db = sub.add_parser("db", help="schema migrations of the projection database")
+    db.add_argument("action", choices=["upgrade", "downgrade"])
+    db.add_argument("revision", nargs="?", default=None)
+
+    sub.add_parser("model", help="model tools (make-tiny DIR, approve)", add_help=False)
+    sub.add_parser("demo", help="run one streaming generation on the embedded defaults")
+    return parser
+
+
+HANDLERS = {"admin": _admin, "db": _db, "demo": _demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
+    if argv[:1] == ["model"] or argv[:2] == ["serve", "worker"]:
+        os.execv(sys.executable, [sys.executable, "-m", "workers", *argv])
+    args = build_parser().parse_args(argv)
+    settings = Settings()
+    if args.verb == "serve":
+        return {"api": _serve_api, "admission": _serve_admission}[args.process](settings, args)
+    return HANDLERS[args.verb](settings, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""What routes may ask for. Routes never parse credentials themselves: the tenant comes
+from the key, and only from the key."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from api.errors import ApiError
+from models.registry import Principal
+from models.settings import Settings
+from pipelines.admin import RegistryView
+from pipelines.eventlog import EventLog
+from pipelines.tokencount import TokenCounter
+
+
+@dataclass
+class Services:
+    """Everything the API process holds, built once by the entrypoint (see api.app)."""
+
+    settings: Settings
+    log: EventLog
+    registry_view: RegistryView
+    counter: TokenCounter
+    hub: object  # api.stream_hub.StreamHub
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+
+
+def current_principal(request: Request, svc: ServicesDep) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(401, "Missing bearer API key", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    principal = svc.registry_view.refresh().authenticate(secret.strip())
+    if principal is None:
+        raise ApiError(401, "Incorrect or revoked API key", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(current_principal)]
+
+
+def scope(name: str):
+    def check(principal: PrincipalDep) -> Principal:
+        if name not in principal.scopes:
+            raise ApiError(403, f"This key lacks the '{name}' scope", code="insufficient_scope")
+        return principal
+
+    return Depends(check)
+
+
+GenerateDep = Annotated[Principal, scope("generate")]

@@ -1,0 +1,97 @@
+"""`python -m workers`: the inference side of the `ledgerlm` command.
+
+    python -m workers serve worker          run an interactive pool worker
+    python -m workers model make-tiny DIR   generate the small local model
+    python -m workers model approve         approve the configured model under its alias
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from models.settings import Settings
+
+
+def model_dir(settings: Settings) -> Path:
+    """The configured model, or the tiny generated one under the platform's home."""
+    if settings.model is not None:
+        return settings.model
+    from workers.tiny_model import make_tiny_model
+
+    return make_tiny_model(settings.ensure_home() / "models" / "tiny")
+
+
+def approve(settings: Settings, log, *, alias: str | None = None) -> str:
+    from pipelines.admin import RegistryView, approve_model
+    from workers.vllm_engine import engine_config_hash
+
+    path = model_dir(settings).resolve()
+    config_hash = engine_config_hash(settings, path)
+    revision = f"{path.name}@{config_hash[:12]}"
+    approve_model(RegistryView(log), alias=alias or settings.model_alias, model_revision=revision,
+                  model_path=str(path), engine_config_hash=config_hash, max_model_len=settings.max_model_len,
+                  actor=os.environ.get("USER", "worker"))
+    return revision
+
+
+def serve_worker(settings: Settings) -> int:
+    from pipelines.bootstrap import open_log
+    from workers.engine_runner import EngineRunner
+    from workers.interactive import InteractiveWorker
+    from workers.vllm_engine import VllmEngine
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    path = model_dir(settings)
+    log = open_log(settings)
+    runner = EngineRunner(lambda: VllmEngine.from_settings(settings, model_path=path))
+    try:
+        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs)
+        print(json.dumps({"worker": worker.worker_id, "ready": True}), flush=True)
+        try:
+            worker.run(stop)
+        finally:
+            worker.close()
+    finally:
+        runner.close()
+        log.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ledgerlm")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    serve = sub.add_parser("serve")
+    serve.add_argument("process", choices=["worker"])
+    model = sub.add_parser("model").add_subparsers(dest="action", required=True)
+    tiny = model.add_parser("make-tiny", help="generate the small deterministic local model")
+    tiny.add_argument("directory", type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
+    appr = model.add_parser("approve", help="approve the configured model revision under an alias")
+    appr.add_argument("--alias")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
+    settings = Settings()
+    if args.verb == "serve":
+        return serve_worker(settings)
+    if args.action == "make-tiny":
+        from workers.tiny_model import make_tiny_model
+
+        print(make_tiny_model(args.directory, seed=args.seed))
+        return 0
+    from pipelines.bootstrap import open_log
+
+    with open_log(settings) as log:
+        print(json.dumps({"model_revision": approve(settings, log, alias=args.alias)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
