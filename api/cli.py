@@ -4,6 +4,7 @@ separate entrypoint, so this module never imports the engine."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -14,7 +15,8 @@ from datetime import timedelta
 
 from models.settings import Settings
 
-WORKER_VERBS = {"worker", "model"}
+# Long-running processes offered by feature modules: {name: handler(settings, args)}.
+SERVE_HANDLERS: dict = {}
 
 
 def _serve_api(settings: Settings, _: argparse.Namespace) -> int:
@@ -94,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
 
     serve = sub.add_parser("serve", help="run one of the platform's processes")
-    serve.add_argument("process", choices=["api", "admission", "worker"])
+    serve.add_argument("process", choices=["api", "admission", "worker", *SERVE_HANDLERS])
 
     admin = sub.add_parser("admin", help="tenants and keys (appended to the log as admin events)")
     admin_sub = admin.add_subparsers(dest="what", required=True)
@@ -121,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 HANDLERS = {"admin": _admin, "db": _db, "demo": _demo}
+# Feature modules add their own verbs: each has `register(subparsers) -> {verb: handler}`.
+FEATURE_MODULES: list[str] = []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,11 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
     if argv[:1] == ["model"] or argv[:2] == ["serve", "worker"]:
         os.execv(sys.executable, [sys.executable, "-m", "workers", *argv])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    handlers = dict(HANDLERS)
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    for name in FEATURE_MODULES:
+        handlers.update(importlib.import_module(name).register(verbs))
+    args = parser.parse_args(argv)
     settings = Settings()
     if args.verb == "serve":
-        return {"api": _serve_api, "admission": _serve_admission}[args.process](settings, args)
-    return HANDLERS[args.verb](settings, args)
+        serve = {"api": _serve_api, "admission": _serve_admission, **SERVE_HANDLERS}
+        return serve[args.process](settings, args)
+    return handlers[args.verb](settings, args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_HOME = Path(".local/ledgerlm")
@@ -14,17 +14,19 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEDGERLM_", extra="ignore")
 
     home: Path = DEFAULT_HOME
-    # kafka://host:port[,host:port] or sqlite:///path/to/log.db
-    event_log_url: str = f"sqlite:///{DEFAULT_HOME}/eventlog.db"
+    # kafka://host:port[,host:port] or sqlite:///path/to/log.db (default: under home)
+    event_log_url: str = ""
+    # Prefix for every topic and consumer group, so environments can share one cluster.
+    event_log_namespace: str = ""
     # any SQLAlchemy URL: postgresql+psycopg://... or sqlite:///...
-    database_url: str = f"sqlite:///{DEFAULT_HOME}/ledgerlm.db"
+    database_url: str = ""
     # s3://bucket/prefix or file:///path
-    object_store_url: str = f"file://{DEFAULT_HOME.resolve()}/objects"
+    object_store_url: str = ""
     s3_endpoint_url: str | None = None
     s3_key: str | None = None
     s3_secret: str | None = None
     # redis://... for production and tests; the embedded default needs no server
-    celery_broker_url: str = f"sqla+sqlite:///{DEFAULT_HOME}/celery.db"
+    celery_broker_url: str = ""
 
     model: Path | None = None  # a Hugging Face model directory; a tiny one is generated when unset
     model_alias: str = "tiny"
@@ -38,6 +40,16 @@ class Settings(BaseSettings):
     audit_signing_key: str = Field(default="dev-only-change-me", repr=False)
     grace_s: float = 30.0
     default_deadline_ms: int = 120_000
+
+    @model_validator(mode="after")
+    def _embedded_defaults(self) -> "Settings":
+        # Whatever is not configured runs embedded, in files under `home`.
+        home = self.home.resolve()
+        self.event_log_url = self.event_log_url or f"sqlite:///{home}/eventlog.db"
+        self.database_url = self.database_url or f"sqlite:///{home}/ledgerlm.db"
+        self.object_store_url = self.object_store_url or f"file://{home}/objects"
+        self.celery_broker_url = self.celery_broker_url or f"sqla+sqlite:///{home}/celery.db"
+        return self
 
     def ensure_home(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)

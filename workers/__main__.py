@@ -29,10 +29,10 @@ def model_dir(settings: Settings) -> Path:
 
 def approve(settings: Settings, log, *, alias: str | None = None) -> str:
     from pipelines.admin import RegistryView, approve_model
-    from workers.vllm_engine import engine_config_hash
+    from workers.vllm_engine import VllmEngine, engine_config_hash
 
     path = model_dir(settings).resolve()
-    config_hash = engine_config_hash(settings, path)
+    config_hash = engine_config_hash(VllmEngine.from_settings(settings.model_copy(update={"model": path})).config)
     revision = f"{path.name}@{config_hash[:12]}"
     approve_model(RegistryView(log), alias=alias or settings.model_alias, model_revision=revision,
                   model_path=str(path), engine_config_hash=config_hash, max_model_len=settings.max_model_len,
@@ -49,9 +49,9 @@ def serve_worker(settings: Settings) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    path = model_dir(settings)
+    settings = settings.model_copy(update={"model": model_dir(settings)})
     log = open_log(settings)
-    runner = EngineRunner(lambda: VllmEngine.from_settings(settings, model_path=path))
+    runner = EngineRunner(VllmEngine.from_settings(settings)).start()
     try:
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs)
         print(json.dumps({"worker": worker.worker_id, "ready": True}), flush=True)

@@ -54,7 +54,7 @@ class CancelWatch:
                     continue
                 if isinstance(env.payload, CancelRequested) and env.payload.request_id in self.in_flight:
                     self.in_flight[env.payload.request_id] = env.payload.reason
-                    self._runner.submit(self._engine.abort(env.payload.request_id))
+                    self._runner.submit_nowait(self._engine.abort(env.payload.request_id))
 
 
 class InteractiveWorker:
@@ -108,7 +108,7 @@ class InteractiveWorker:
         for env, started in items:
             self._slots.acquire()
             self._cancels.in_flight[env.payload.request.request_id] = ""
-            self._runner.submit(self._serve(env, started))
+            self._runner.submit_nowait(self._serve(env, started))
         return len(items)
 
     async def _serve(self, queued_env, started_env) -> None:
@@ -142,12 +142,12 @@ class InteractiveWorker:
             )
             finish_reason = None
             async for delta in self._engine.generate(engine_request):
-                if delta.text or delta.token_count:
+                if delta.text or delta.new_tokens:
                     if first_token_ms is None:
                         first_token_ms = int((time.monotonic() - t0) * 1000)
                     pending_text.append(delta.text)
-                    pending_tokens += delta.token_count
-                    output_tokens += delta.token_count
+                    pending_tokens += delta.new_tokens
+                    output_tokens += delta.new_tokens
                     digest.update(delta.text.encode())
                     if flusher is None or flusher.done():
                         flusher = asyncio.ensure_future(flush())
@@ -158,7 +158,8 @@ class InteractiveWorker:
             await flush()
             timings = Timings(queued_ms=started_env.payload.queued_ms, ttft_ms=first_token_ms,
                               duration_ms=int((time.monotonic() - t0) * 1000))
-            cancel_reason = self._cancels.in_flight.get(req.request_id)
+            cancel_reason = self._cancels.in_flight.get(req.request_id) or (
+                "deadline" if finish_reason == "abort" else None)
             if cancel_reason:
                 terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
                                                input_tokens=req.input_tokens, output_tokens=output_tokens,
