@@ -1,8 +1,15 @@
 """SQL tables. Every row here is a projection of the log (invariant 1): it can be dropped
-and rebuilt by replay. Each projection's input positions live beside its rows."""
+and rebuilt by replay. Each projection's input positions live beside its rows.
+
+Rows are built from event data only (no clock, no random ids), so a replay into an empty
+database gives the same rows, and `pipelines.audit.digest` the same digest per table.
+"""
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, DateTime, Integer, MetaData, String, Table
+from sqlalchemy import (
+    BigInteger, Boolean, Column, DateTime, Index, Integer, LargeBinary, MetaData, PrimaryKeyConstraint, String,
+    Table, Text,
+)
 
 metadata = MetaData(naming_convention={
     "ix": "ix_%(column_0_label)s",
@@ -21,22 +28,168 @@ checkpoints = Table(
     Column("next_offset", BigInteger, nullable=False),
 )
 
-# Status of each generation, as the request, ledger and outcome events tell it.
+# Status of each generation, as the request, ledger and outcome events tell it. Keyed by
+# tenant too: request ids come from clients, and two tenants may pick the same one.
+# Columns other than the key are nullable because events of one request arrive on
+# different topics, in any order during a replay.
 generations = Table(
     "generations", metadata,
-    Column("request_id", String(128), primary_key=True),
-    Column("tenant_id", String(64), nullable=False, index=True),
-    Column("application_id", String(128), nullable=False),
-    Column("model_alias", String(128), nullable=False),
-    Column("model_revision", String(200), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("tenant_id", String(64), nullable=False),
+    Column("application_id", String(128)),
+    Column("key_id", String(64)),
+    Column("model_alias", String(128)),
+    Column("model_revision", String(200)),
+    Column("priority", String(16)),
     Column("status", String(32), nullable=False),
     Column("finish_reason", String(32)),
+    Column("error_code", String(64)),  # failed: its code; cancelled: the reason
+    Column("reject_reason", String(64)),
+    Column("outcome", String(32)),  # what the first terminal event said; `status` prefers the settlement
+    Column("reservation_id", String(64)),
+    Column("reserved_tokens", BigInteger),
+    Column("reserved_cost_micros", BigInteger),
     Column("input_tokens", Integer, nullable=False, default=0),
     Column("output_tokens", Integer, nullable=False, default=0),
     Column("cost_micros", BigInteger, nullable=False, default=0),
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
     Column("duration_ms", Integer),
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("settled", Boolean, nullable=False, default=False),
+    Column("created_at", DateTime(timezone=True)),
+    Column("started_at", DateTime(timezone=True)),
     Column("ended_at", DateTime(timezone=True)),
+    Column("settled_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("tenant_id", "request_id"),
 )
+
+# Offline jobs: one row per batch, its header and lifecycle status. Token and cost totals
+# are summed from `usage_ledger`, so a chunk reported twice is never counted twice.
+batches = Table(
+    "batches", metadata,
+    Column("tenant_id", String(64), nullable=False),
+    Column("batch_id", String(128), nullable=False),
+    Column("application_id", String(128)),
+    Column("key_id", String(64)),
+    Column("model_alias", String(128)),
+    Column("model_revision", String(200)),
+    Column("status", String(32), nullable=False),
+    Column("request_count", Integer),
+    Column("chunk_count", Integer),
+    Column("created_at", DateTime(timezone=True)),
+    Column("ended_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("tenant_id", "batch_id"),
+)
+
+# The usage ledger: one row per settled generation (source 'generation', source_id the
+# request id) or completed batch chunk (source 'batch_chunk', '<batch_id>:<chunk>').
+usage_ledger = Table(
+    "usage_ledger", metadata,
+    Column("tenant_id", String(64), nullable=False),
+    Column("source", String(16), nullable=False),
+    Column("source_id", String(200), nullable=False),
+    Column("batch_id", String(128)),
+    Column("application_id", String(128)),
+    Column("key_id", String(64)),
+    Column("model_alias", String(128)),
+    Column("model_revision", String(200)),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cost_micros", BigInteger, nullable=False),
+    Column("queued_ms", Integer),
+    Column("ttft_ms", Integer),
+    Column("duration_ms", Integer),
+    Column("finish_reason", String(32)),
+    Column("terminal_status", String(32), nullable=False),
+    Column("settled_at", DateTime(timezone=True), nullable=False),
+    Column("day", String(10), nullable=False),  # UTC date of settled_at: grouping without dialect date functions
+    PrimaryKeyConstraint("tenant_id", "source", "source_id"),
+    Index("ix_usage_ledger_tenant_day", "tenant_id", "day"),
+    Index("ix_usage_ledger_day", "day"),
+)
+
+# Quotas read model: the limits in force, settled usage per minute, open reservations.
+tenant_limits = Table(
+    "tenant_limits", metadata,
+    Column("tenant_id", String(64), primary_key=True),
+    Column("requests_per_minute", Integer),
+    Column("max_concurrent", Integer),
+    Column("tokens_per_window", BigInteger),
+    Column("spend_per_window_micros", BigInteger),
+    Column("window_seconds", Integer),
+    Column("max_input_tokens", Integer),
+    Column("max_output_tokens", Integer),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
+    Column("changed_by", String(200)),
+)
+
+quota_usage = Table(
+    "quota_usage", metadata,
+    Column("tenant_id", String(64), nullable=False),
+    Column("minute", DateTime(timezone=True), nullable=False),
+    Column("requests", Integer, nullable=False, default=0),
+    Column("tokens", BigInteger, nullable=False, default=0),
+    Column("cost_micros", BigInteger, nullable=False, default=0),
+    PrimaryKeyConstraint("tenant_id", "minute"),
+)
+
+open_reservations = Table(
+    "open_reservations", metadata,
+    Column("tenant_id", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("reservation_id", String(64), nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("cost_micros", BigInteger, nullable=False),
+    Column("reserved_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("tenant_id", "request_id"),
+)
+
+# Who changed what: one row per event on the admin topic, in log order.
+admin_changes = Table(
+    "admin_changes", metadata,
+    Column("offset", BigInteger, primary_key=True),
+    Column("event_id", String(36), nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(200)),
+    Column("tenant_id", String(64), nullable=False, index=True),
+    Column("subject", String(200)),
+    Column("details", Text, nullable=False),  # canonical JSON of the payload, secrets' hashes left out
+)
+
+# The audit trail: every record of every durable topic, hashed into a chain per
+# topic-partition: link = sha256(previous link + sha256(record value)).
+audit_trail = Table(
+    "audit_trail", metadata,
+    Column("topic", String(200), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("seq", BigInteger, nullable=False),  # 1-based position in the chain (Kafka offsets may skip)
+    Column("event_hash", LargeBinary(32), nullable=False),
+    Column("link", LargeBinary(32), nullable=False),
+    Column("event_id", String(36)),
+    Column("event_type", String(64)),
+    Column("tenant_id", String(64)),
+    Column("correlation_id", String(200)),
+    Column("occurred_at", DateTime(timezone=True)),
+    Column("payload", Text),  # canonical JSON; NULL for unreadable records and text-bearing types
+    PrimaryKeyConstraint("topic", "partition", "offset"),
+    Index("ix_audit_trail_occurred_at", "occurred_at"),
+    Index("ix_audit_trail_tenant_occurred", "tenant_id", "occurred_at"),
+)
+
+# Signed chain heads, one every N records of a partition.
+audit_checkpoints = Table(
+    "audit_checkpoints", metadata,
+    Column("topic", String(200), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("link", LargeBinary(32), nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("signature", String(200), nullable=False),
+    PrimaryKeyConstraint("topic", "partition", "seq"),
+)
+
+PROJECTED_TABLES = (generations, batches, usage_ledger, tenant_limits, quota_usage, open_reservations,
+                    admin_changes, audit_trail, audit_checkpoints)
