@@ -1,0 +1,161 @@
+"""A whole platform in one test process: admission processor, an interactive worker on
+the shared engine, and the HTTP API served by uvicorn on a loopback port.
+
+Each component gets its own `EventLog` instance, as separate processes would.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+import httpx
+import uvicorn
+
+from api.app import create_app
+from api.deps import Services
+from api.stream_hub import StreamHub
+from models.settings import Settings
+from pipelines import admin
+from pipelines.admission import AdmissionProcessor
+from pipelines.admin import RegistryView
+from pipelines.eventlog import EventLog
+from pipelines.tokencount import TokenCounter
+from workers.engine_runner import EngineRunner
+from workers.interactive import InteractiveWorker
+
+MODEL_ALIAS = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""):
+    """Polls `predicate` until it returns something truthy, or fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class Loop:
+    """A component's `run_once` called in a thread until stopped."""
+
+    name: str
+    run_once: Callable[[], object]
+    close: Callable[[], object]
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+
+    def start(self) -> "Loop":
+        def run():
+            try:
+                while not self.stop.is_set():
+                    self.run_once()
+            except BaseException as exc:  # surfaced by Platform.check()
+                self.error = exc
+            finally:
+                self.close()
+
+        self.thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self.thread.start()
+        return self
+
+    def halt(self, timeout_s: float = 30.0) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+
+class Platform:
+    def __init__(self, open_log: Callable[[], EventLog], runner: EngineRunner, settings: Settings,
+                 *, max_in_flight: int = 8):
+        self.open_log, self.runner, self.settings = open_log, runner, settings
+        self.logs: list[EventLog] = []
+        self.loops: list[Loop] = []
+        self.admin_log = self._log()
+        self.view = RegistryView(self.admin_log)
+        engine = runner.engine
+        self.model_revision = f"tiny@{engine.engine_config_hash()}"
+        admin.approve_model(self.view, alias=MODEL_ALIAS, model_revision=self.model_revision,
+                            model_path=str(engine.config.model), engine_config_hash=engine.engine_config_hash(),
+                            max_model_len=engine.config.max_model_len, actor="tests",
+                            price_input_per_1k_micros=1000, price_output_per_1k_micros=2000)
+        self.start_admission()
+        self.start_worker(max_in_flight=max_in_flight)
+        self._start_api()
+
+    def _log(self) -> EventLog:
+        log = self.open_log()
+        self.logs.append(log)
+        return log
+
+    def start_admission(self) -> Loop:
+        processor = AdmissionProcessor(self._log(), RegistryView(self._log()),
+                                       grace=timedelta(seconds=self.settings.grace_s))
+        self.admission = processor
+        loop = Loop("admission", lambda: processor.run_once(0.05), processor.close).start()
+        self.loops.append(loop)
+        return loop
+
+    def start_worker(self, *, max_in_flight: int = 8) -> Loop:
+        worker = InteractiveWorker(self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
+                                   worker_id=f"test-worker-{uuid.uuid4().hex[:6]}")
+        self.worker = worker
+        loop = Loop("worker", lambda: worker.run_once(0.05), worker.close).start()
+        self.loops.append(loop)
+        return loop
+
+    def _start_api(self) -> None:
+        api_log = self._log()
+        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
+                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
+        self.app = create_app(services)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on"))
+        self._server_thread = threading.Thread(target=self.server.run, name="api", daemon=True)
+        self._server_thread.start()
+        wait_until(lambda: self.server.started, 30, what="the API server to start")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tenant(self, *, scopes: tuple[str, ...] = ("generate", "batch", "usage"), application: str = "default"):
+        """A new tenant and an API key for it: (tenant_id, secret)."""
+        tenant_id = "t" + uuid.uuid4().hex[:10]
+        admin.create_tenant(self.view, tenant_id=tenant_id, name=tenant_id, actor="tests")
+        secret, _ = admin.issue_key(self.view, tenant_id=tenant_id, actor="tests", scopes=scopes,
+                                    application_id=application)
+        return tenant_id, secret
+
+    def client(self, secret: str | None = None, timeout_s: float = 120.0) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def check(self) -> None:
+        for loop in self.loops:
+            if loop.error is not None:
+                raise AssertionError(f"{loop.name} crashed: {loop.error!r}") from loop.error
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self._server_thread.join(15)
+        for loop in self.loops:
+            loop.halt()
+        for log in self.logs:
+            log.close()
