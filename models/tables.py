@@ -63,8 +63,8 @@ generations = Table(
     PrimaryKeyConstraint("tenant_id", "request_id"),
 )
 
-# Offline jobs: one row per batch, its header and lifecycle status. Token and cost totals
-# are summed from `usage_ledger`, so a chunk reported twice is never counted twice.
+# Offline jobs: one row per batch, its header and lifecycle status (OpenAI's states).
+# Token and cost totals are summed from `batch_chunks` or `usage_ledger` when read.
 batches = Table(
     "batches", metadata,
     Column("tenant_id", String(64), nullable=False),
@@ -79,6 +79,31 @@ batches = Table(
     Column("created_at", DateTime(timezone=True)),
     Column("ended_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("tenant_id", "batch_id"),
+)
+
+# Chunks of a batch: what ran, what it used, and whether its budget is settled.
+batch_chunks = Table(
+    "batch_chunks", metadata,
+    Column("tenant_id", String(64), nullable=False),
+    Column("batch_id", String(128), nullable=False),
+    Column("chunk_index", Integer, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("reservation_id", String(64)),
+    Column("reserved_tokens", BigInteger),
+    Column("reserved_cost_micros", BigInteger),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("completed", Integer),
+    Column("failed", Integer),
+    Column("input_tokens", BigInteger, nullable=False, default=0),
+    Column("output_tokens", BigInteger, nullable=False, default=0),
+    Column("cost_micros", BigInteger, nullable=False, default=0),
+    Column("model_revision", String(200)),
+    Column("duration_ms", Integer),
+    Column("error_code", String(64)),
+    Column("settled", Boolean, nullable=False, default=False),
+    Column("ended_at", DateTime(timezone=True)),
+    Column("settled_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("tenant_id", "batch_id", "chunk_index"),
 )
 
 # The usage ledger: one row per settled generation (source 'generation', source_id the
@@ -172,7 +197,9 @@ audit_trail = Table(
     Column("tenant_id", String(64)),
     Column("correlation_id", String(200)),
     Column("occurred_at", DateTime(timezone=True)),
-    Column("payload", Text),  # canonical JSON; NULL for unreadable records and text-bearing types
+    # The record value as stored, which `event_hash` hashes: an auditor can check a row
+    # alone. NULL for text-bearing types, should one ever reach a durable topic.
+    Column("event", Text),
     PrimaryKeyConstraint("topic", "partition", "offset"),
     Index("ix_audit_trail_occurred_at", "occurred_at"),
     Index("ix_audit_trail_tenant_occurred", "tenant_id", "occurred_at"),
@@ -191,5 +218,5 @@ audit_checkpoints = Table(
     PrimaryKeyConstraint("topic", "partition", "seq"),
 )
 
-PROJECTED_TABLES = (generations, batches, usage_ledger, tenant_limits, quota_usage, open_reservations,
+PROJECTED_TABLES = (generations, batches, batch_chunks, usage_ledger, tenant_limits, quota_usage, open_reservations,
                     admin_changes, audit_trail, audit_checkpoints)

@@ -185,7 +185,7 @@ def upgrade() -> None:
         sa.Column('tenant_id', sa.String(64)),
         sa.Column('correlation_id', sa.String(200)),
         sa.Column('occurred_at', TZ),
-        sa.Column('payload', sa.Text()),
+        sa.Column('event', sa.Text()),
         sa.PrimaryKeyConstraint('topic', 'partition', 'offset', name=op.f('pk_audit_trail')),
     )
     op.create_index('ix_audit_trail_occurred_at', 'audit_trail', ['occurred_at'])

@@ -1,0 +1,74 @@
+"""Tenant quotas read model: the limits in force, usage per minute, open reservations.
+
+Windows are not stored: usage is kept per tenant per minute (by the event's time, never
+the clock), and `queries.tenant_quota` sums the minutes of a window at read time. The
+admission processor decides admission from its own state; this is what the API shows.
+
+Interactive generations only; batch budgets are the batch processor's to report.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from models import topics
+from models.tables import open_reservations, quota_usage, tenant_limits
+from pipelines.projections.base import Event, Projection
+from pipelines.projections.sql import add_to, delete_by_keys, insert_new, upsert
+
+LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
+                "window_seconds", "max_input_tokens", "max_output_tokens")
+COUNTERS = ("requests", "tokens", "cost_micros")
+
+
+def minute_of(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+class QuotasProjection(Projection):
+    name = "quotas"
+    tables = (tenant_limits, quota_usage, open_reservations)
+    handles = frozenset({"TenantLimitsChanged", "GenerationRequested", "BudgetReserved", "UsageSettled",
+                         "ReservationExpired"})
+
+    def apply(self, conn: Connection, events: list[Event]) -> None:
+        usage: dict[tuple, dict] = {}
+        opened: dict[tuple, dict] = {}
+        closed: set[tuple] = set()
+        limits: dict[str, dict] = {}
+
+        def bucket(e: Event) -> dict:
+            key = (e.tenant_id, minute_of(e.at()))
+            if key not in usage:
+                usage[key] = {"tenant_id": key[0], "minute": key[1], "requests": 0, "tokens": 0, "cost_micros": 0}
+            return usage[key]
+
+        for e in events:
+            p = e.payload
+            if e.type == "TenantLimitsChanged" and e.topic == topics.ADMIN.name:
+                # One admin partition, read in order: the last change of a batch is the one in force.
+                tenant = p.get("tenant_id") or e.tenant_id
+                limits[tenant] = {"tenant_id": tenant, **{f: p.get(f) for f in LIMIT_FIELDS},
+                                  "changed_at": e.at(), "changed_by": p.get("actor")}
+            elif e.type == "GenerationRequested":
+                bucket(e)["requests"] += 1
+            elif e.type == "BudgetReserved":
+                key = (e.tenant_id, p["request_id"])
+                opened[key] = {"tenant_id": key[0], "request_id": key[1], "reservation_id": p.get("reservation_id"),
+                               "tokens": p.get("tokens", 0), "cost_micros": p.get("cost_micros", 0),
+                               "reserved_at": e.at()}
+            elif e.type in ("UsageSettled", "ReservationExpired"):
+                # A reservation and its end are in one ledger partition, so the end never comes first.
+                key = (e.tenant_id, p["request_id"])
+                if opened.pop(key, None) is None:
+                    closed.add(key)
+                if e.type == "UsageSettled":
+                    b = bucket(e)
+                    b["tokens"] += p.get("input_tokens", 0) + p.get("output_tokens", 0)
+                    b["cost_micros"] += p.get("cost_micros", 0)
+
+        delete_by_keys(conn, open_reservations, closed)
+        insert_new(conn, open_reservations, list(opened.values()))
+        add_to(conn, quota_usage, list(usage.values()), COUNTERS)
+        upsert(conn, tenant_limits, list(limits.values()))

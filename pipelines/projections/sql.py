@@ -1,0 +1,118 @@
+"""The projection database: opening it, and the few bulk statements projections need,
+written once for PostgreSQL and SQLite.
+
+Everything here takes rows for a whole batch of events, so a batch costs a handful of
+statements, not one per event.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from sqlalchemy import Connection, Engine, Table, create_engine, event, tuple_
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+IN_CHUNK = 500  # keys per IN list: well under SQLite's bound-variable limit
+
+
+def open_projection_db(url: str, **options) -> Engine:
+    """An engine on `url` (postgresql+psycopg://... or sqlite:///...)."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True, **options)
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30}, **options)
+
+    # SQLAlchemy's recipe for real SQLite transactions: the driver's own handling would
+    # start them only at the first write, after the runner has read the rows it merges.
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _):
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")  # readers (the API) never block the runner
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+        dbapi_conn.execute("PRAGMA busy_timeout=30000")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        # Writers ask for the write lock up front, so two runners serialize instead of failing.
+        mode = "IMMEDIATE" if conn.get_execution_options().get("sqlite_write") else "DEFERRED"
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def is_postgres(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def _insert(conn: Connection, table: Table):
+    return (pg_insert if is_postgres(conn) else sqlite_insert)(table)
+
+
+def key_columns(table: Table) -> list[str]:
+    return [c.name for c in table.primary_key.columns]
+
+
+def upsert(conn: Connection, table: Table, rows: Sequence[dict]) -> None:
+    """Inserts rows, replacing every non-key column of rows already there."""
+    if not rows:
+        return
+    stmt = _insert(conn, table)
+    keys = key_columns(table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=keys, set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys})
+    conn.execute(stmt, list(rows))
+
+
+def insert_new(conn: Connection, table: Table, rows: Sequence[dict]) -> None:
+    """Inserts rows whose key is not there yet; rows already there stay as they are."""
+    if rows:
+        conn.execute(_insert(conn, table).on_conflict_do_nothing(index_elements=key_columns(table)), list(rows))
+
+
+def add_to(conn: Connection, table: Table, rows: Sequence[dict], counters: Sequence[str]) -> None:
+    """Inserts rows, or adds their `counters` to the row already there."""
+    if not rows:
+        return
+    stmt = _insert(conn, table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=key_columns(table), set_={c: table.c[c] + stmt.excluded[c] for c in counters})
+    conn.execute(stmt, list(rows))
+
+
+def select_by_keys(conn: Connection, table: Table, keys: Iterable[tuple]) -> list[dict]:
+    """Rows whose primary key is one of `keys` (tuples in key-column order)."""
+    keys = list(keys)
+    cols = [table.c[name] for name in key_columns(table)]
+    out: list[dict] = []
+    for start in range(0, len(keys), IN_CHUNK):
+        chunk = keys[start:start + IN_CHUNK]
+        where = cols[0].in_([k[0] for k in chunk]) if len(cols) == 1 else tuple_(*cols).in_(chunk)
+        out += [dict(row._mapping) for row in conn.execute(table.select().where(where))]
+    return out
+
+
+def delete_by_keys(conn: Connection, table: Table, keys: Iterable[tuple]) -> None:
+    keys = list(keys)
+    cols = [table.c[name] for name in key_columns(table)]
+    for start in range(0, len(keys), IN_CHUNK):
+        chunk = keys[start:start + IN_CHUNK]
+        where = cols[0].in_([k[0] for k in chunk]) if len(cols) == 1 else tuple_(*cols).in_(chunk)
+        conn.execute(table.delete().where(where))
+
+
+def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    """Appends rows known to be new. On PostgreSQL through COPY, several times faster
+    than INSERT for the audit trail's one row per event."""
+    if not rows:
+        return
+    if is_postgres(conn):
+        names = ", ".join(f'"{c}"' for c in columns)
+        cursor = conn.connection.driver_connection.cursor()
+        with cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    conn.execute(table.insert(), [dict(zip(columns, row)) for row in rows])
