@@ -59,3 +59,22 @@ class ModelAliasSet(Payload):
     model_revision: str
     allowed_tenants: tuple[str, ...] = ("*",)
     actor: str
+
+
+@event("TenantLimitsChanged")
+class TenantLimitsChanged(Payload):
+    """A tenant's complete limits after the change (not a patch), so the latest event alone
+    says what applies. None means unlimited; `window_seconds` None means the default window
+    (`models.quota.DEFAULT_WINDOW_S`); `pool` names a dedicated pool, None the shared one."""
+
+    tenant_id: str
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    max_concurrent: int | None = Field(default=None, ge=0)
+    tokens_per_window: int | None = Field(default=None, ge=0)  # input + reserved output tokens
+    spend_per_window_micros: int | None = Field(default=None, ge=0)
+    window_seconds: int | None = Field(default=None, gt=0)
+    max_input_tokens: int | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, ge=0)
+    batch_tokens_per_window: int | None = Field(default=None, ge=0)  # batch jobs, accounted apart
+    pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    actor: str
