@@ -9,6 +9,8 @@ from fastapi import FastAPI
 from api import errors
 from api.deps import Services
 from api.routes import generations
+from api.routes import batches, files, summarizations
+from api.routes import audit as audit_routes, usage as usage_routes
 from api.stream_hub import StreamHub
 from models.settings import Settings
 from pipelines.admin import RegistryView
@@ -35,6 +37,11 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     errors.install(app)
     app.include_router(generations.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(summarizations.router)
+    app.include_router(usage_routes.router)
+    app.include_router(audit_routes.router)
 
     @app.get("/healthz")
     async def healthz():

@@ -19,6 +19,15 @@ from models.settings import Settings
 SERVE_HANDLERS: dict = {}
 
 
+def _serve_projector(settings: Settings, args: argparse.Namespace) -> int:
+    from api.cli_ledger import serve_projector
+
+    return serve_projector(settings, args)
+
+
+SERVE_HANDLERS["projector"] = _serve_projector
+
+
 def _serve_api(settings: Settings, _: argparse.Namespace) -> int:
     import uvicorn
 
@@ -124,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 HANDLERS = {"admin": _admin, "db": _db, "demo": _demo}
 # Feature modules add their own verbs: each has `register(subparsers) -> {verb: handler}`.
-FEATURE_MODULES: list[str] = []
+FEATURE_MODULES: list[str] = ["api.cli_ledger"]
 
 
 def main(argv: list[str] | None = None) -> int:
