@@ -1,0 +1,84 @@
+"""The `InferenceEngine` port: where tokens are made. Workers and tests depend on this,
+never on vLLM; `workers.vllm_engine.VllmEngine` is the adapter."""
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+# 'abort' ends a stream cut short by `abort()` or by the caller walking away.
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    prompt: str
+    max_output_tokens: int
+    tenant_id: str  # salts the prefix cache, so no tenant reuses another's KV blocks
+    priority: int = 0  # lower runs sooner (vLLM's convention)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDelta:
+    """One step of a stream. Token counts are what accounting settles on: `output_tokens`
+    is the running total, and the final delta's total is the request's output usage."""
+
+    request_id: str
+    text: str
+    new_tokens: int
+    output_tokens: int
+    finished: bool
+    finish_reason: FinishReason | None
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+
+
+class EngineError(Exception):
+    """The engine could not serve a request (dead, overloaded, or failed mid-stream)."""
+
+
+class InvalidEngineRequest(EngineError):
+    """The request itself is unacceptable (e.g. prompt longer than the model allows);
+    retrying it unchanged fails again."""
+
+
+class InferenceEngine(abc.ABC):
+    """Async and bound to one event loop (see `workers.engine_runner.EngineRunner`).
+    `start()` and `close()` run on that loop's thread."""
+
+    async def start(self) -> None:
+        """Bring the engine up; a no-op for engines that need no start."""
+
+    @abc.abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:
+        """Stream deltas until one has `finished=True`. Closing the iterator early
+        aborts the request."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """End the request's stream promptly with finish_reason 'abort'; unknown or
+        finished ids are ignored."""
+
+    @abc.abstractmethod
+    async def health(self) -> bool: ...
+
+    @abc.abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Prompt tokens this engine will count for `text`, special tokens included.
+        Thread-safe; needs no running engine."""
+
+    @abc.abstractmethod
+    def engine_config_hash(self) -> str:
+        """Short, stable digest of the model and every setting that changes its output;
+        the platform pins it as `model_revision`."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the engine and every process it started. Idempotent."""

@@ -1,0 +1,252 @@
+"""`VllmEngine`: the `InferenceEngine` port on vLLM V1's AsyncLLM (vLLM 0.32).
+
+What 0.32 expects, and why this adapter does what it does:
+- Prompts are rendered first with `renderer.render_cmpl_async` (raw prompts are
+  deprecated); the tenant goes in as `cache_salt` on the prompt dict, which salts the
+  first prefix-cache block hash so KV blocks never match across tenants.
+- `priority` is a `generate()` argument and needs `scheduling_policy="priority"`.
+- The CPU KV cache is sized by `kv_cache_memory_bytes`; the legacy `VLLM_CPU_KVCACHE_SPACE`
+  (whole GiB) overrides it when set in the environment.
+- `AsyncLLM.shutdown(timeout)` SIGTERMs the EngineCore process, which stops its worker;
+  anything still alive after that is killed here, so no process outlives `close()`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from workers.engine import (
+    EngineDelta,
+    EngineError,
+    EngineRequest,
+    InferenceEngine,
+    InvalidEngineRequest,
+)
+
+if TYPE_CHECKING:
+    from models.settings import Settings
+
+GiB = 1 << 30
+_FULL_HASH_LIMIT = 64 << 20  # weight files above this are fingerprinted, not read whole
+_EDGE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class VllmEngineConfig:
+    model: Path
+    max_model_len: int = 512
+    max_num_seqs: int = 16
+    kv_cache_gb: float = 1.0
+    dtype: str = "float32"
+    # No torch.compile: on CPU it costs minutes of start-up for a small model.
+    enforce_eager: bool = True
+    seed: int = 0
+    shutdown_timeout_s: float = 30.0
+
+    def engine_args(self) -> dict[str, Any]:
+        return {
+            "model": str(self.model),
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "kv_cache_memory_bytes": int(self.kv_cache_gb * GiB),
+            "dtype": self.dtype,
+            "enforce_eager": self.enforce_eager,
+            "seed": self.seed,
+            "enable_prefix_caching": True,
+            "scheduling_policy": "priority",
+            "disable_log_stats": True,
+        }
+
+
+def engine_config_hash(config: VllmEngineConfig) -> str:
+    """12 hex digits over the model's files and the settings that change its output.
+    Capacity settings (KV cache size, concurrency) are left out; the model is hashed by
+    content rather than path so the same model pins the same revision on every machine."""
+    outputs = {
+        key: value
+        for key, value in asdict(config).items()
+        if key not in {"model", "kv_cache_gb", "max_num_seqs", "shutdown_timeout_s"}
+    }
+    digest = hashlib.sha256(json.dumps(outputs, sort_keys=True).encode())
+    digest.update(_model_fingerprint(Path(config.model)).encode())
+    return digest.hexdigest()[:12]
+
+
+def _model_fingerprint(model: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model.iterdir() if p.is_file() and not p.name.startswith(".")):
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as file:
+            if size <= _FULL_HASH_LIMIT:
+                digest.update(file.read())
+            else:  # a fine-tune rewrites every tensor, so both ends of the file move
+                digest.update(file.read(_EDGE_BYTES))
+                file.seek(size - _EDGE_BYTES)
+                digest.update(file.read(_EDGE_BYTES))
+    return digest.hexdigest()
+
+
+class VllmEngine(InferenceEngine):
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.config = config
+        self._llm: Any = None
+        self._processes: list[psutil.Process] = []
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
+        self._revision: str | None = None
+        self.start_seconds: float | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VllmEngine:
+        model = settings.model
+        if model is None:
+            from workers.tiny_model import make_tiny_model
+
+            model = make_tiny_model(settings.home / "models" / "tiny")
+        return cls(
+            VllmEngineConfig(
+                model=Path(model),
+                max_model_len=settings.max_model_len,
+                max_num_seqs=settings.engine_max_seqs,
+                kv_cache_gb=settings.kv_cache_gb,
+            )
+        )
+
+    async def start(self) -> None:
+        """Start the engine (about 25 s on CPU). Must run on the loop that will drive it."""
+        if self._llm is not None:
+            return
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        me = psutil.Process()
+        before = {p.pid for p in me.children(recursive=True)}
+        began = time.monotonic()
+        try:
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_args()))
+        finally:
+            # The resource tracker is shared by the whole process, so it is not ours to end.
+            self._processes = [
+                p
+                for p in me.children(recursive=True)
+                if p.pid not in before and "resource_tracker" not in _cmdline(p)
+            ]
+        self.start_seconds = time.monotonic() - began
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        llm = self._running()
+        if not request.tenant_id:
+            raise InvalidEngineRequest("tenant_id is required: it salts the prefix cache")
+        try:
+            params = SamplingParams(
+                max_tokens=request.max_output_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
+                stop=list(request.stop) or None,
+                ignore_eos=request.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            (engine_input,) = await llm.renderer.render_cmpl_async(
+                [{"prompt": request.prompt, "cache_salt": request.tenant_id}]
+            )
+        except (ValueError, VLLMClientError) as exc:
+            raise InvalidEngineRequest(str(exc)) from exc
+        prompt_tokens = len(engine_input["prompt_token_ids"])
+        output_tokens = 0
+        try:
+            async for output in llm.generate(
+                engine_input, params, request.request_id, priority=request.priority
+            ):
+                completion = output.outputs[0]
+                new_tokens = len(completion.token_ids)
+                output_tokens += new_tokens
+                reason = completion.finish_reason
+                if reason not in (None, "stop", "length", "abort"):
+                    raise EngineError(f"request {request.request_id} ended with {reason}")
+                yield EngineDelta(
+                    request_id=request.request_id,
+                    text=completion.text,
+                    new_tokens=new_tokens,
+                    output_tokens=output_tokens,
+                    finished=output.finished,
+                    finish_reason=reason if output.finished else None,
+                    prompt_tokens=prompt_tokens,
+                    cached_prompt_tokens=output.num_cached_tokens,
+                )
+        except (ValueError, VLLMClientError) as exc:
+            raise InvalidEngineRequest(str(exc)) from exc
+        except EngineError:
+            raise
+        except Exception as exc:  # EngineDeadError, EngineGenerateError, ...
+            raise EngineError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    async def health(self) -> bool:
+        if self._llm is None:
+            return False
+        try:
+            await self._llm.check_health()
+        except Exception:
+            return False
+        return not self._llm.errored
+
+    def count_tokens(self, text: str) -> int:
+        # Our own tokenizer instance: the engine's is used on its loop, and a Rust-backed
+        # tokenizer raises "Already borrowed" when two threads encode at once.
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+            return len(self._tokenizer(text, add_special_tokens=True).input_ids)
+
+    def unfinished_requests(self) -> int:
+        """Requests the engine still holds: queued, running, or not yet drained."""
+        return 0 if self._llm is None else self._llm.get_num_unfinished_requests()
+
+    def engine_config_hash(self) -> str:
+        if self._revision is None:
+            self._revision = engine_config_hash(self.config)
+        return self._revision
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        try:
+            if llm is not None:
+                llm.shutdown(timeout=self.config.shutdown_timeout_s)
+        finally:
+            processes, self._processes = self._processes, []
+            _, alive = psutil.wait_procs(processes, timeout=self.config.shutdown_timeout_s)
+            for process in alive:
+                process.kill()
+            psutil.wait_procs(alive, timeout=5)
+
+    def _running(self) -> Any:
+        if self._llm is None:
+            raise EngineError("engine is not running")
+        if self._llm.errored:
+            raise EngineError("engine is dead")
+        return self._llm
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
