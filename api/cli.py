@@ -28,6 +28,16 @@ def _serve_projector(settings: Settings, args: argparse.Namespace) -> int:
 SERVE_HANDLERS["projector"] = _serve_projector
 
 
+def _serve_batch(settings: Settings, args: argparse.Namespace) -> int:
+    from api import cli_batch
+
+    serve = cli_batch.serve_dispatcher if args.process == "batch-dispatcher" else cli_batch.serve_worker
+    return serve(settings)
+
+
+SERVE_HANDLERS["batch-dispatcher"] = SERVE_HANDLERS["batch-worker"] = _serve_batch
+
+
 def _serve_api(settings: Settings, _: argparse.Namespace) -> int:
     import uvicorn
 
@@ -133,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 HANDLERS = {"admin": _admin, "db": _db, "demo": _demo}
 # Feature modules add their own verbs: each has `register(subparsers) -> {verb: handler}`.
-FEATURE_MODULES: list[str] = ["api.cli_ledger"]
+FEATURE_MODULES: list[str] = ["api.cli_ledger", "api.cli_batch"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,15 @@ class Settings(BaseSettings):
     s3_secret: str | None = None
     # redis://... for production and tests; the embedded default needs no server
     celery_broker_url: str = ""
+    # Batch jobs: the Celery queue, chunking, limits (None: unlimited until tenant limits say).
+    batch_queue: str = "batch"
+    batch_chunk_size: int = Field(default=64, gt=0)
+    batch_chunks_in_flight: int = Field(default=4, gt=0)  # per batch: how far ahead chunks are queued
+    batch_max_file_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    batch_max_requests: int = Field(default=50_000, gt=0)
+    batch_chunk_time_limit_s: float = Field(default=900.0, gt=0)
+    batch_tokens_per_day: int | None = None
+    batch_spend_per_day_micros: int | None = None
 
     model: Path | None = None  # a Hugging Face model directory; a tiny one is generated when unset
     model_alias: str = "tiny"

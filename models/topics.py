@@ -28,7 +28,8 @@ PROMPTS = Topic("ledgerlm.prompts", 8, 7 * DAY_MS, "request", "PromptSubmitted (
 STREAM = Topic("ledgerlm.stream", 8, 1 * DAY_MS, "request", "GenerationStarted, TokensEmitted (text), terminal events")
 WORK_HIGH = Topic("ledgerlm.work.interactive-high", 4, 1 * DAY_MS, "tenant", "GenerationQueued, priority high")
 WORK_NORMAL = Topic("ledgerlm.work.interactive-normal", 4, 1 * DAY_MS, "tenant", "GenerationQueued, priority normal")
+BATCHES = Topic("ledgerlm.batches", 8, None, "tenant", "files, batches, their chunks, budgets and outcomes (no text)")
 
-DURABLE = (ADMIN, REQUESTS, LEDGER, OUTCOMES)
-ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMAL)
+DURABLE = (ADMIN, REQUESTS, LEDGER, OUTCOMES, BATCHES)
+ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMAL, BATCHES)
 WORK_BY_PRIORITY = {"high": WORK_HIGH, "normal": WORK_NORMAL}

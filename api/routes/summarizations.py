@@ -1,0 +1,70 @@
+"""`/v1/summarizations`: summarize many documents offline. The input is a Parquet or
+JSONL file with columns `id` and `text`, uploaded (`input_file_id`) or already in the
+object store under the tenant's own prefix (`input_url`). The output is a Parquet
+dataset (`data_uri`) with `id, summary, input_tokens, output_tokens, finish_reason,
+model_revision, error`, plus a `manifest.json`; documents longer than the model's
+context are summarized map-reduce style."""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import ServicesDep
+from api.errors import ApiError
+from api.routes.batch_deps import BatchDep, BatchServicesDep, page, summarization_object
+from pipelines.batch_submit import SubmitSummarization, cancel_batch, submit_summarization
+
+router = APIRouter()
+DEFAULT_TEMPLATE = "Summarize the following text.\n\n{text}\n\nSummary:"
+
+
+class SummarizationBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=128)
+    input_file_id: str | None = None
+    input_url: str | None = Field(default=None, max_length=2048)
+    prompt_template: str = Field(default=DEFAULT_TEMPLATE, min_length=6, max_length=16_384)
+    max_output_tokens: int = Field(default=128, gt=0, le=100_000)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    metadata: dict[str, str] | None = None
+
+
+@router.post("/v1/summarizations")
+async def create_summarization(body: SummarizationBody, principal: BatchDep, svc: ServicesDep,
+                               bsvc: BatchServicesDep):
+    cmd = SubmitSummarization(model=body.model, prompt_template=body.prompt_template,
+                              max_output_tokens=body.max_output_tokens, input_file_id=body.input_file_id,
+                              input_url=body.input_url, temperature=body.temperature, metadata=body.metadata or {})
+    job = await asyncio.to_thread(
+        submit_summarization, cmd, principal=principal, registry=svc.registry_view.refresh(), view=bsvc.view,
+        store=bsvc.store, log=svc.log, max_bytes=svc.settings.batch_max_file_bytes)
+    return summarization_object(job, bsvc.store)
+
+
+def _own_job(bsvc, principal, job_id: str):
+    job = bsvc.view.batch(principal.tenant_id, job_id)
+    if job is None or job.summarization is None:
+        raise ApiError(404, f"No such summarization: {job_id}", code="not_found", param="summarization_id")
+    return job
+
+
+@router.get("/v1/summarizations/{job_id}")
+def get_summarization(job_id: str, principal: BatchDep, bsvc: BatchServicesDep):
+    return summarization_object(_own_job(bsvc, principal, job_id), bsvc.store)
+
+
+@router.get("/v1/summarizations")
+def list_summarizations(principal: BatchDep, bsvc: BatchServicesDep, after: str | None = None,
+                        limit: int = Query(default=20, ge=1, le=100)):
+    jobs = [b for b in bsvc.view.refresh().for_tenant(principal.tenant_id) if b.summarization is not None]
+    return page(jobs, lambda b: summarization_object(b, bsvc.store), after=after, limit=limit)
+
+
+@router.post("/v1/summarizations/{job_id}/cancel")
+def cancel(job_id: str, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep):
+    _own_job(bsvc, principal, job_id)
+    job = cancel_batch(job_id, principal=principal, view=bsvc.view, log=svc.log, kind="summarization")
+    return summarization_object(job, bsvc.store)

@@ -1,0 +1,182 @@
+"""What the dispatcher does next for one batch, decided from its state alone.
+
+Level-triggered on purpose: the same state always leads to the same next step, so
+redoing a unit of work after a crash or a rebalance decides the same thing again, and a
+batch advances whichever event woke the dispatcher. Steps, in order:
+
+  window passed         → BatchWindowElapsed (stop starting chunks)
+  not validated         → validate: BatchValidated, or BatchFailed with an error file
+  stopping              → stop marker for workers; pending chunks skipped; stale queued
+                          chunks skipped, chunks running past every retry failed
+  chunk ended           → BatchUsageSettled (what it used, at most what it reserved)
+  room in the window    → reserve the next chunk's budget and queue it (BatchChunkQueued),
+                          or, out of budget with nothing of the tenant's in flight to wait
+                          for, skip the rest as insufficient_quota
+  every chunk settled   → BatchFinalizationStarted; on the next pass, assemble the files
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable
+
+from models import batch_keys as keys
+from models.batch import BatchState, ChunkState
+from models.batch_budget import BatchLimits, TenantBatchBudget
+from models.events_batch import (
+    BatchChunkFailed, BatchChunkQueued, BatchChunkSkipped, BatchFailed, BatchFinalizationStarted, BatchUsageSettled,
+    BatchValidated, BatchWindowElapsed, RequestCounts,
+)
+from models.registry import Registry
+from pipelines.admission import cost_micros
+from pipelines.batch_finalize import _JsonlOut, finalize_requests, finalize_summaries
+from pipelines.batch_queue import ChunkQueue
+from pipelines.batch_validate import BatchInputError, validate_documents, validate_requests
+from pipelines.objectstore import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    chunk_size: int = 64
+    chunks_in_flight: int = 4
+    max_requests: int = 50_000
+    chunk_time_limit_s: float = 900.0
+    max_retries: int = 3
+    stop_grace_s: float = 60.0  # a queued chunk not started this long after a stop is skipped here
+
+    @property
+    def running_timeout(self) -> timedelta:
+        """Past this, a started chunk of a stopping batch has used every retry: it failed."""
+        return timedelta(seconds=(self.chunk_time_limit_s + 60) * (self.max_retries + 1) + 60)
+
+
+def reservation_id(batch_id: str, chunk_index: int) -> str:
+    # Deterministic, so a redone decision reserves (and sends) the very same thing.
+    return f"bres_{batch_id}_{chunk_index}"
+
+
+class Reconciler:
+    def __init__(self, *, store: ObjectStore, queue: ChunkQueue, options: DispatchOptions,
+                 budget_of: Callable[[str], TenantBatchBudget], limits_for: Callable[[str], BatchLimits]):
+        self.store, self.queue, self.options = store, queue, options
+        self.budget_of, self.limits_for = budget_of, limits_for
+        self._stopped: set[tuple[str, str]] = set()  # stop markers written by this process
+
+    def reconcile(self, batch: BatchState, emit: Callable, *, registry: Registry, now: datetime) -> None:
+        """Decides the next steps of `batch`; `emit(payload)` applies and records each event."""
+        if batch.terminal:
+            return
+        if not batch.window_elapsed and now >= batch.expires_at:
+            emit(BatchWindowElapsed(batch_id=batch.batch_id))
+        if not batch.validated:
+            if batch.stopping:
+                self._stop_marker(batch)
+                return self._finalize(batch, emit)
+            self._validate(batch, emit, registry)
+            if batch.terminal:
+                return
+        if batch.stopping or batch.finalizing:
+            self._stop_marker(batch)
+        if batch.stopping:
+            self._stop_chunks(batch, emit, now)
+        for chunk in batch.chunks:
+            if chunk.needs_settlement:
+                emit(self._settlement(batch, chunk, registry))
+        if not batch.stopping:
+            self._queue_chunks(batch, emit, registry, now)
+        if batch.all_chunks_terminal():
+            if not batch.finalizing:
+                emit(BatchFinalizationStarted(batch_id=batch.batch_id))
+            else:
+                self._finalize(batch, emit)
+
+    def _validate(self, batch: BatchState, emit: Callable, registry: Registry) -> None:
+        validate = validate_documents if batch.summarization else validate_requests
+        try:
+            result = validate(batch, store=self.store, registry=registry, chunk_size=self.options.chunk_size,
+                              max_requests=self.options.max_requests)
+        except BatchInputError as exc:
+            emit(BatchFailed(batch_id=batch.batch_id, errors=(exc.error,), request_counts=RequestCounts()))
+            return
+        invalid_key = keys.invalid_lines_key(batch.tenant_id, batch.batch_id)
+        if result.invalid:
+            out = _JsonlOut()
+            for line in result.invalid:
+                out.write(line)
+            out.file.flush()
+            self.store.put_file(invalid_key, out.file.name)
+            out.file.close()
+        emit(BatchValidated(batch_id=batch.batch_id, model_alias=result.model_alias,
+                            model_revision=result.revision.model_revision, total_requests=result.total,
+                            invalid_requests=len(result.invalid), chunks=tuple(result.chunks)))
+
+    def _stop_marker(self, batch: BatchState) -> None:
+        if (batch.tenant_id, batch.batch_id) not in self._stopped:
+            reason = "batch_expired" if batch.window_elapsed and not batch.cancel_requested else "batch_cancelled"
+            self.store.put_bytes(keys.stop_marker_key(batch.tenant_id, batch.batch_id), reason.encode())
+            self._stopped.add((batch.tenant_id, batch.batch_id))
+
+    def _stop_chunks(self, batch: BatchState, emit: Callable, now: datetime) -> None:
+        reason = "batch_cancelled" if batch.cancel_requested else "batch_expired"
+        grace = timedelta(seconds=self.options.stop_grace_s)
+        stopped_at = batch.times.get("cancelling_at") if batch.cancel_requested else batch.expires_at
+        for chunk in batch.chunks:
+            if chunk.status == "pending":
+                emit(BatchChunkSkipped(batch_id=batch.batch_id, chunk_index=chunk.index, reason=reason))
+            elif chunk.status == "queued" and now - max(stopped_at or now, chunk.queued_at or now) > grace:
+                # Workers skip a stopped batch's chunks themselves; this covers a lost task.
+                emit(BatchChunkSkipped(batch_id=batch.batch_id, chunk_index=chunk.index, reason=reason))
+            elif chunk.status == "running" and chunk.started_at and \
+                    now - chunk.started_at > self.options.running_timeout:
+                emit(BatchChunkFailed(batch_id=batch.batch_id, chunk_index=chunk.index, error_code="timeout",
+                                      message="the chunk did not report within its time limits"))
+
+    def _settlement(self, batch: BatchState, chunk: ChunkState, registry: Registry) -> BatchUsageSettled:
+        revision = registry.revisions.get(batch.model_revision or "")
+        used_tokens = min(chunk.reserved_tokens, chunk.input_tokens + chunk.output_tokens)
+        used_cost = min(chunk.reserved_cost_micros, cost_micros(revision, chunk.input_tokens, chunk.output_tokens))
+        return BatchUsageSettled(
+            batch_id=batch.batch_id, chunk_index=chunk.index, reservation_id=chunk.reservation_id,
+            input_tokens=chunk.input_tokens, output_tokens=chunk.output_tokens, cost_micros=used_cost,
+            released_tokens=chunk.reserved_tokens - used_tokens,
+            released_cost_micros=chunk.reserved_cost_micros - used_cost)
+
+    def _queue_chunks(self, batch: BatchState, emit: Callable, registry: Registry, now: datetime) -> None:
+        budget, limits = self.budget_of(batch.tenant_id), self.limits_for(batch.tenant_id)
+        revision = registry.revisions.get(batch.model_revision or "")
+        if revision is None:
+            return  # the revision's approval is not in this registry yet; the next pass sees it
+        room = self.options.chunks_in_flight - len(batch.in_flight())
+        for chunk in batch.pending()[:max(0, room)]:
+            if not budget.fits(limits, chunk.tokens, chunk.cost_micros, now):
+                if not budget.open:  # nothing in flight will give budget back: this batch is out
+                    for rest in batch.pending():
+                        emit(BatchChunkSkipped(batch_id=batch.batch_id, chunk_index=rest.index,
+                                               reason="insufficient_quota"))
+                return
+            res_id = reservation_id(batch.batch_id, chunk.index)
+            self.queue.enqueue(self._task(batch, chunk, revision, res_id))
+            emit(BatchChunkQueued(batch_id=batch.batch_id, chunk_index=chunk.index, reservation_id=res_id,
+                                  tokens=chunk.tokens, cost_micros=chunk.cost_micros))
+
+    def _task(self, batch: BatchState, chunk: ChunkState, revision, res_id: str) -> dict:
+        spec = batch.summarization
+        return {
+            "tenant_id": batch.tenant_id, "batch_id": batch.batch_id, "chunk_index": chunk.index,
+            "reservation_id": res_id, "endpoint": batch.endpoint, "model_alias": batch.model_alias,
+            "model_revision": revision.model_revision, "model_path": revision.model_path,
+            "engine_config_hash": revision.engine_config_hash, "max_model_len": revision.max_model_len,
+            "input_key": keys.chunk_input_key(batch.tenant_id, batch.batch_id, chunk.index),
+            "part_key": keys.summary_part_key(spec.output_prefix, chunk.index) if spec
+            else keys.part_key(batch.tenant_id, batch.batch_id, chunk.index),
+            "summarization": spec.model_dump(mode="json") if spec else None,
+        }
+
+    def _finalize(self, batch: BatchState, emit: Callable) -> None:
+        # A batch stopped before validation has no chunks: its files come out empty.
+        finalize = finalize_summaries if batch.summarization else finalize_requests
+        for payload in finalize(batch, store=self.store):
+            emit(payload)

@@ -1,0 +1,109 @@
+"""The batch pool: Celery workers running chunks, separate processes from the
+interactive pool, so batches never compete for an interactive engine.
+
+    celery -A workers.batch.celery_app worker -Q batch -c 1 --pool prefork
+    (or: ledgerlm serve batch-worker)
+
+Celery imports this module as its entrypoint, so the app is configured from `Settings`
+(the environment) when Celery first reads its configuration, not at import. Each worker
+process keeps its own engine, event log and object store: made on first use after the
+fork (never inherited from the parent) and kept warm across tasks.
+
+Delivery: acknowledged late and rejected back to the queue when the worker process dies,
+so a chunk whose worker was killed runs again; errors retry with exponential backoff,
+and after the last retry the chunk is reported failed. A chunk's work is idempotent
+(one part at a derived key), so running it twice writes the same object once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from celery import Celery, signals
+from celery.exceptions import SoftTimeLimitExceeded
+
+from models.settings import Settings
+from pipelines.batch_queue import TASK_NAME, celery_config
+from workers.batch_engine import EngineMismatch, EngineSlot
+from workers.batch_runner import ChunkTask, report_failure, run_chunk
+
+logger = logging.getLogger(__name__)
+MAX_RETRIES = 3
+BACKOFF_S = 2.0
+
+celery_app = Celery("ledgerlm-batch", set_as_current=False)
+
+
+@celery_app.on_configure.connect
+def _configure(sender: Celery, **_) -> None:
+    settings = Settings()
+    sender.conf.update(celery_config(settings.celery_broker_url, settings.batch_queue,
+                                     chunk_time_limit_s=settings.batch_chunk_time_limit_s))
+
+
+@dataclass
+class _Process:
+    settings: Settings
+    store: object
+    log: object
+    engines: EngineSlot
+    worker_id: str
+
+
+_process: _Process | None = None  # this worker process's resources; see `resources()`
+
+
+def resources() -> _Process:
+    """The calling process's store, log and engine slot, made on first use."""
+    global _process
+    if _process is None or _process.worker_id != _worker_id():
+        from pipelines.bootstrap import open_log
+        from pipelines.objectstore import store_from_settings
+
+        settings = Settings()
+        _process = _Process(settings, store_from_settings(settings), open_log(settings, create_topics=False),
+                            EngineSlot({"max_num_seqs": settings.engine_max_seqs, "kv_cache_gb": settings.kv_cache_gb}),
+                            _worker_id())
+    return _process
+
+
+def _worker_id() -> str:
+    return f"batch@{socket.gethostname()}:{os.getpid()}"
+
+
+@signals.worker_process_init.connect
+def _forget_parent_resources(**_) -> None:
+    global _process
+    _process = None  # sockets and engines do not survive a fork; the child makes its own
+
+
+@signals.worker_process_shutdown.connect
+def _close_resources(**_) -> None:
+    if _process is not None:
+        _process.engines.drop()
+        _process.log.close()
+
+
+@celery_app.task(name=TASK_NAME, bind=True, max_retries=MAX_RETRIES, acks_late=True, reject_on_worker_lost=True)
+def run_chunk_task(self, task: dict) -> str:
+    chunk = ChunkTask(**task)
+    proc = resources()
+    try:
+        return run_chunk(chunk, store=proc.store, log=proc.log, engines=proc.engines, worker_id=proc.worker_id,
+                         attempt=self.request.retries + 1)
+    except EngineMismatch as exc:
+        report_failure(proc.log, chunk, "engine_mismatch", str(exc), proc.worker_id)
+        return "failed"
+    except Exception as exc:
+        if isinstance(exc, SoftTimeLimitExceeded):
+            exc = TimeoutError(f"the chunk ran past its time limit of {proc.settings.batch_chunk_time_limit_s}s")
+        # The engine may hold half-run requests after an error; the next attempt starts clean.
+        proc.engines.drop()
+        if self.request.retries >= MAX_RETRIES:
+            logger.exception("chunk %s/%s failed for good", chunk.batch_id, chunk.chunk_index)
+            report_failure(proc.log, chunk, "chunk_failed", f"{type(exc).__name__}: {exc}", proc.worker_id)
+            return "failed"
+        logger.warning("chunk %s/%s failed (%s); retrying", chunk.batch_id, chunk.chunk_index, exc)
+        raise self.retry(exc=exc, countdown=BACKOFF_S * 2 ** self.request.retries)

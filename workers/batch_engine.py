@@ -1,0 +1,133 @@
+"""The batch pool's engine: vLLM's offline `LLM`, which schedules a whole chunk at once
+(the throughput path), with the interactive adapter's engine config so a batch runs on
+the same pinned model revision. Prompts arrive as token ids (tokenized at validation),
+and each carries the tenant as `cache_salt`, so prefix-cache blocks never cross tenants.
+
+One engine per worker process, made on first use and kept warm across tasks; a task for
+another model or config replaces it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from workers.vllm_engine import VllmEngineConfig, engine_config_hash
+
+logger = logging.getLogger(__name__)
+
+
+class EngineMismatch(Exception):
+    """This worker's engine would not produce the pinned revision; retrying cannot help."""
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    error: str | None = None  # set when this one request was refused by the engine
+
+
+class BatchEngine(Protocol):
+    def generate(self, requests: list[GenRequest], *, tenant_id: str) -> list[GenResult]: ...
+
+    def close(self) -> None: ...
+
+
+class VllmBatchEngine:
+    def __init__(self, config: VllmEngineConfig):
+        # In-process engine core: a Celery child killed mid-chunk then leaves no orphaned
+        # EngineCore process behind, and the offline path loses nothing by it.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.config = config
+        self._llm = LLM(**config.engine_args())
+
+    def _params(self, r: GenRequest):
+        from vllm import SamplingParams
+
+        return SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p, seed=r.seed,
+                              stop=r.stop or None, ignore_eos=r.ignore_eos)
+
+    def generate(self, requests: list[GenRequest], *, tenant_id: str) -> list[GenResult]:
+        if not requests:
+            return []
+        prompts = [{"prompt_token_ids": list(r.prompt_token_ids), "cache_salt": tenant_id} for r in requests]
+        try:
+            outputs = self._llm.generate(prompts, [self._params(r) for r in requests], use_tqdm=False)
+        except ValueError:
+            if len(requests) == 1:
+                raise
+            # One bad request refuses the whole call; run them one by one to fail only it.
+            return [self._one(p, r, tenant_id) for p, r in zip(prompts, requests)]
+        return [_result(o) for o in outputs]
+
+    def _one(self, prompt: dict, request: GenRequest, tenant_id: str) -> GenResult:
+        try:
+            (output,) = self._llm.generate([prompt], [self._params(request)], use_tqdm=False)
+        except ValueError as exc:
+            return GenResult("", [], None, len(request.prompt_token_ids), error=str(exc))
+        return _result(output)
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
+
+def _result(output) -> GenResult:
+    completion = output.outputs[0]
+    return GenResult(completion.text, list(completion.token_ids), completion.finish_reason,
+                     len(output.prompt_token_ids or []))
+
+
+@dataclass
+class EngineSlot:
+    """The worker process's one engine, keyed by what it was made for."""
+
+    capacity: dict  # max_num_seqs and kv_cache_gb from settings: they do not change outputs
+    engine: BatchEngine | None = None
+    key: tuple | None = None
+    factory: type = VllmBatchEngine
+
+    def get(self, *, model_path: str, max_model_len: int, pinned_hash: str) -> BatchEngine:
+        key = (model_path, max_model_len, pinned_hash)
+        if self.engine is not None and self.key == key:
+            return self.engine
+        config = VllmEngineConfig(model=Path(model_path), max_model_len=max_model_len, **self.capacity)
+        actual = engine_config_hash(config)
+        if actual != pinned_hash:
+            raise EngineMismatch(f"this worker's engine config hashes to {actual}, but the batch pinned "
+                                 f"{pinned_hash}: the outputs would not be that revision's")
+        self.drop()
+        logger.info("starting the batch engine for %s", model_path)
+        self.engine, self.key = self.factory(config), key
+        return self.engine
+
+    def drop(self) -> None:
+        """Forgets the engine (after an error mid-generate, its state is not trusted)."""
+        engine, self.engine, self.key = self.engine, None, None
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:  # closing a broken engine may fail too; it is dropped either way
+                logger.exception("closing the batch engine failed")
