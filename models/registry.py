@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 from models.events import Envelope
 from models.events_admin import (
-    ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated,
+    ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated, TenantLimitsChanged,
 )
+from models.quota import Limits
 
 
 def hash_secret(secret: str) -> str:
@@ -61,6 +62,7 @@ class Registry:
     revoked: set[str] = field(default_factory=set)
     revisions: dict[str, Revision] = field(default_factory=dict)
     aliases: dict[str, Alias] = field(default_factory=dict)
+    limits: dict[str, Limits] = field(default_factory=dict)  # tenants without an entry are unlimited
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
@@ -79,6 +81,8 @@ class Registry:
             )
         elif isinstance(p, ModelAliasSet):
             self.aliases[p.alias] = Alias(p.alias, p.model_revision, frozenset(p.allowed_tenants))
+        elif isinstance(p, TenantLimitsChanged):
+            self.limits[p.tenant_id] = Limits.from_payload(p)
 
     def authenticate(self, secret: str) -> Principal | None:
         principal = self.keys_by_hash.get(hash_secret(secret))
@@ -95,3 +99,9 @@ class Registry:
 
     def aliases_for(self, tenant_id: str) -> list[Alias]:
         return sorted((a for a in self.aliases.values() if a.allows(tenant_id)), key=lambda a: a.alias)
+
+    def limits_for(self, tenant_id: str) -> Limits:
+        return self.limits.get(tenant_id, Limits())
+
+    def keys_of(self, tenant_id: str) -> list[Principal]:
+        return sorted((p for p in self.keys_by_hash.values() if p.tenant_id == tenant_id), key=lambda p: p.key_id)

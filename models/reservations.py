@@ -1,12 +1,16 @@
-"""Open reservations of the tenants one admission processor owns. Pure state: built by
-applying ledger events, so a restarted processor rebuilds it from the log."""
+"""Open reservations and usage of the tenants one admission processor owns. Pure state:
+built by applying ledger events (at their event times), so a restarted processor
+rebuilds exactly the state its predecessor decided with."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from models.events import Envelope
-from models.events_generation import BudgetReserved, ReservationExpired, ReservationReleased, UsageSettled
+from models.events_generation import (
+    BudgetReserved, GenerationRejected, ReservationExpired, ReservationReleased, UsageSettled,
+)
+from models.quota import TenantUsage
 
 
 @dataclass
@@ -23,19 +27,45 @@ class Reservation:
 @dataclass
 class ReservationBook:
     open: dict[str, Reservation] = field(default_factory=dict)  # by request_id
-    settled: set[str] = field(default_factory=set)  # request ids, so a late terminal is ignored
+    # Request ids decided or settled, so a redelivered request or a late terminal is ignored.
+    # Grows with the ledger; a snapshot of the book would bound the rebuild (not done yet).
+    settled: set[str] = field(default_factory=set)
+    usage: dict[str, TenantUsage] = field(default_factory=dict)  # by tenant
+
+    def usage_of(self, tenant_id: str) -> TenantUsage:
+        if tenant_id not in self.usage:
+            self.usage[tenant_id] = TenantUsage()
+        return self.usage[tenant_id]
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
         if isinstance(p, BudgetReserved):
+            if p.request_id in self.open or p.request_id in self.settled:
+                return
             self.open[p.request_id] = Reservation(
                 p.reservation_id, p.request_id, env.tenant_id, p.tokens, p.cost_micros, p.expires_at, p.model_revision
             )
-        elif isinstance(p, (UsageSettled, ReservationExpired)):
-            self.open.pop(p.request_id, None)
-            self.settled.add(p.request_id)
+            self.usage_of(env.tenant_id).reserve(p.request_id, env.occurred_at, p.tokens, p.cost_micros)
+        elif isinstance(p, UsageSettled):
+            self._close(env, p.request_id, p.input_tokens + p.output_tokens, p.cost_micros)
+        elif isinstance(p, ReservationExpired):
+            self._close(env, p.request_id, 0, 0)
+        elif isinstance(p, GenerationRejected):
+            self.rejected(p.request_id)
         elif isinstance(p, ReservationReleased):
             pass  # the release accompanies a settlement, which closed the reservation
+
+    def _close(self, env: Envelope, request_id: str, tokens: int, cost_micros: int) -> None:
+        self.open.pop(request_id, None)
+        self.settled.add(request_id)
+        self.usage_of(env.tenant_id).close(request_id, env.occurred_at, tokens, cost_micros)
+
+    def rejected(self, request_id: str) -> None:
+        """A rejected request is decided too: delivered again, it is not decided twice."""
+        self.settled.add(request_id)
+
+    def decided(self, request_id: str) -> bool:
+        return request_id in self.open or request_id in self.settled
 
     def for_tenant(self, tenant_id: str) -> list[Reservation]:
         return [r for r in self.open.values() if r.tenant_id == tenant_id]

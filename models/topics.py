@@ -33,3 +33,21 @@ BATCHES = Topic("ledgerlm.batches", 8, None, "tenant", "files, batches, their ch
 DURABLE = (ADMIN, REQUESTS, LEDGER, OUTCOMES, BATCHES)
 ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMAL, BATCHES)
 WORK_BY_PRIORITY = {"high": WORK_HIGH, "normal": WORK_NORMAL}
+
+SHARED_POOL = "interactive"
+
+
+def work_topic(pool: str | None, priority: str) -> Topic:
+    """Where admitted work of a pool and priority waits. The shared interactive pool uses
+    WORK_HIGH/WORK_NORMAL; a dedicated pool (a tenant's `pool` limit) gets its own pair,
+    so only workers started for it take that work. Anything but 'high' queues as normal."""
+    if pool is None or pool == SHARED_POOL:
+        return WORK_HIGH if priority == "high" else WORK_NORMAL
+    level = "high" if priority == "high" else "normal"
+    return Topic(f"ledgerlm.work.dedicated-{pool}-{level}", 4, 1 * DAY_MS, "tenant",
+                 f"GenerationQueued for the dedicated pool {pool}, priority {level}")
+
+
+def pool_work_topics(pool: str | None) -> tuple[Topic, Topic]:
+    """A pool's work topics, high priority first."""
+    return work_topic(pool, "high"), work_topic(pool, "normal")

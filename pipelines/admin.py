@@ -5,13 +5,17 @@ import secrets
 import threading
 import uuid
 
+from pydantic import ValidationError
+
 from models import topics
 from models.events import Envelope, decode, encode, new_event
 from models.events_admin import (
     ALL_SCOPES, ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated,
+    TenantLimitsChanged,
 )
+from models.quota import LIMIT_FIELDS, MAX_WINDOW_S
 from models.registry import Registry, hash_secret
-from pipelines.eventlog import EventLog, Message
+from pipelines.eventlog import EventLog, Message, TopicSpec
 
 PLATFORM = "_platform"  # tenant id under which platform-wide admin events are keyed
 
@@ -107,3 +111,32 @@ def approve_model(
     for env in events:
         _append(view._log, env)
     return events
+
+
+def set_limits(view: RegistryView, *, tenant_id: str, actor: str, **changes) -> Envelope:
+    """Changes some of a tenant's limits (a value of None lifts that limit); the event
+    carries the complete limits in force afterwards. A dedicated pool's work topics are
+    created here, before any work can be routed to them."""
+    registry = view.refresh()
+    if tenant_id not in registry.tenants:
+        raise AdminError(f"tenant {tenant_id!r} does not exist")
+    unknown = set(changes) - set(LIMIT_FIELDS)
+    if unknown:
+        raise AdminError(f"unknown limits: {sorted(unknown)}")
+    window = changes.get("window_seconds")
+    if window is not None and not 0 < window <= MAX_WINDOW_S:
+        raise AdminError(f"window_seconds must be between 1 and {MAX_WINDOW_S}")
+    if changes.get("pool") == topics.SHARED_POOL:
+        changes["pool"] = None  # naming the shared pool means no dedicated one
+    limits = {**registry.limits_for(tenant_id).as_dict(), **changes}
+    try:
+        payload = TenantLimitsChanged(tenant_id=tenant_id, actor=actor, **limits)
+    except ValidationError as exc:
+        raise AdminError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                   for e in exc.errors(include_url=False))) from None
+    if payload.pool is not None:
+        view._log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms)
+                                 for t in topics.pool_work_topics(payload.pool)])
+    env = _admin_event(payload, tenant_id)
+    _append(view._log, env)
+    return env

@@ -1,29 +1,40 @@
 """The admission processor: the single writer of each tenant's reservations.
 
 It owns tenant partitions of the requests and outcomes topics (both keyed by tenant,
-with equal partition counts), decides admit or reject for each request, queues admitted
-work by priority, and settles every reservation exactly once. Its decisions and its
-input positions are committed together (`commit_with`), so a restart never decides twice.
+with the same partition count as the ledger), decides admit or reject for each request
+(`models.quota.decide`), queues admitted work by pool and priority, and settles every
+reservation exactly once. Its decisions and its input positions are committed together
+(`commit_with`), so a restart never decides twice; whenever the partitions it owns
+change, it rebuilds their state from the ledger before deciding anything.
+
+Time: a request is decided at its own event time (never earlier than the last one
+decided), and the ledger events of the decision carry that time, so a rebuilt processor
+reasons as its predecessor did. Only the expiry sweep reads the wall clock: nothing else
+happens when a worker is lost.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from models import topics
 from models.events import Envelope, EventDecodeError, caused_by, decode, new_event
 from models.events_generation import (
     BudgetReserved, GenerationAdmitted, GenerationCancelled, GenerationCompleted, GenerationFailed,
-    GenerationQueued, GenerationRequested, ReservationExpired, ReservationReleased, UsageSettled,
+    GenerationQueued, GenerationRejected, GenerationRequested, GenerationStarted, ReservationExpired,
+    ReservationReleased, UsageSettled,
 )
+from models.quota import Ask, Reject, decide, min_service_ms
 from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
-from pipelines.eventlog import EventLog, Fenced
+from pipelines.eventlog import EventLog, Fenced, TopicSpec
 from pipelines.routing import Outputs, to_outputs
 
 logger = logging.getLogger(__name__)
+UNBOUNDED_DEADLINE = timedelta(minutes=10)  # a request without a deadline expires after this plus grace
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -38,34 +49,79 @@ def cost_micros(revision: Revision | None, input_tokens: int, output_tokens: int
             + _ceil_div(output_tokens * revision.price_output_per_1k_micros, 1000))
 
 
+@dataclass
+class ServiceEstimate:
+    """How long serving takes at best, for rejecting work whose deadline cannot be met.
+
+    `queue_ms` follows the queue times workers report (`GenerationStarted.queued_ms`) in
+    this processor's partitions, smoothed; the per-token figures are floors to configure
+    per engine (the defaults are far below any real engine, so only hopeless deadlines
+    are refused). Not rebuilt from the log: after a restart it starts at zero queue time.
+    """
+
+    first_token_ms: int = 5
+    ms_per_output_token: float = 0.5
+    queue_ms: float = 0.0
+    smoothing: float = 0.2
+
+    def observe_queue(self, queued_ms: int) -> None:
+        self.queue_ms += self.smoothing * (queued_ms - self.queue_ms)
+
+    def min_service_ms(self, max_output_tokens: int) -> int:
+        return min_service_ms(max_output_tokens, queue_ms=int(self.queue_ms), first_token_ms=self.first_token_ms,
+                              ms_per_output_token=self.ms_per_output_token)
+
+
+def reject(env: Envelope, decision: Reject, *, book: ReservationBook, now: datetime) -> Outputs:
+    """To the ledger (the record) and the stream (the API waits there for its request)."""
+    req: GenerationRequested = env.payload
+    rejected = caused_by(env, GenerationRejected(request_id=req.request_id, reason=decision.reason,
+                                                 message=decision.message, retry_after_ms=decision.retry_after_ms),
+                         occurred_at=now)
+    book.rejected(req.request_id)
+    return [(topics.LEDGER, rejected), (topics.STREAM, rejected)]
+
+
 def handle_requested(
     env: Envelope, *, registry: Registry, book: ReservationBook, now: datetime, grace: timedelta,
+    estimate: ServiceEstimate | None = None,
 ) -> Outputs:
     req: GenerationRequested = env.payload
-    if req.request_id in book.open or req.request_id in book.settled:
+    if book.decided(req.request_id):
         return []  # the same request delivered twice is decided once
+    if env.tenant_id not in registry.tenants:
+        return reject(env, Reject("tenant_disabled", "this tenant does not exist"), book=book, now=now)
     revision = registry.revisions.get(req.model_revision)
+    if revision is None:
+        return reject(env, Reject("unknown_model", f"model revision {req.model_revision} is not approved"),
+                      book=book, now=now)
+    limits = registry.limits_for(env.tenant_id)
+    ask = Ask(input_tokens=req.input_tokens, max_output_tokens=req.max_output_tokens,
+              cost_micros=cost_micros(revision, req.input_tokens, req.max_output_tokens),
+              deadline_at=req.deadline_at,
+              min_service_ms=(estimate or ServiceEstimate()).min_service_ms(req.max_output_tokens))
+    decision = decide(ask, book.usage_of(env.tenant_id), limits, now)
+    if isinstance(decision, Reject):
+        return reject(env, decision, book=book, now=now)
     reservation_id = "res_" + uuid.uuid4().hex[:16]
-    deadline = req.deadline_at or now + timedelta(minutes=10)
-    reserved = BudgetReserved(
-        request_id=req.request_id, reservation_id=reservation_id,
-        tokens=req.input_tokens + req.max_output_tokens,
-        cost_micros=cost_micros(revision, req.input_tokens, req.max_output_tokens),
-        expires_at=deadline + grace, model_revision=req.model_revision,
-    )
-    work_topic = topics.WORK_BY_PRIORITY.get(req.priority, topics.WORK_NORMAL)
-    reserved_env = caused_by(env, reserved)
+    deadline = req.deadline_at or now + UNBOUNDED_DEADLINE
+    reserved = caused_by(env, BudgetReserved(
+        request_id=req.request_id, reservation_id=reservation_id, tokens=ask.tokens, cost_micros=ask.cost_micros,
+        expires_at=deadline + grace, model_revision=req.model_revision), occurred_at=now)
+    work_topic = topics.work_topic(limits.pool, req.priority)
     admitted = caused_by(env, GenerationAdmitted(
-        request_id=req.request_id, reservation_id=reservation_id, work_topic=work_topic.name))
-    queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id, queued_at=now))
-    book.apply(reserved_env)
-    return [(topics.LEDGER, reserved_env), (topics.LEDGER, admitted), (work_topic, queued)]
+        request_id=req.request_id, reservation_id=reservation_id, work_topic=work_topic.name), occurred_at=now)
+    queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id, queued_at=now),
+                       occurred_at=now)
+    book.apply(reserved)
+    return [(topics.LEDGER, reserved), (topics.LEDGER, admitted), (work_topic, queued)]
 
 
 def settle(
     env: Envelope, reservation: Reservation, *, registry: Registry, book: ReservationBook,
     status: str, input_tokens: int, output_tokens: int,
 ) -> Outputs:
+    """Charges what was used (never more than reserved) and releases the rest."""
     used_tokens = min(reservation.tokens, input_tokens + output_tokens)
     used_cost = min(reservation.cost_micros,
                     cost_micros(registry.revisions.get(reservation.model_revision), input_tokens, output_tokens))
@@ -81,7 +137,12 @@ def settle(
     return [(topics.LEDGER, settled), (topics.LEDGER, released)]
 
 
-_STATUS = {GenerationCompleted: "completed", GenerationFailed: "failed", GenerationCancelled: "cancelled"}
+def terminal_status(payload) -> str:
+    if isinstance(payload, GenerationCompleted):
+        return "completed"
+    if isinstance(payload, GenerationCancelled):
+        return "cancelled"  # by the client, a client gone, an admin or the deadline
+    return "expired" if payload.error_code in ("expired", "deadline_expired") else "failed"
 
 
 def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook) -> Outputs:
@@ -89,24 +150,43 @@ def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook)
     reservation = book.open.get(p.request_id)
     if reservation is None:
         return []  # already settled (or expired): a terminal event settles at most once
-    return settle(env, reservation, registry=registry, book=book, status=_STATUS[type(p)],
+    return settle(env, reservation, registry=registry, book=book, status=terminal_status(p),
                   input_tokens=p.input_tokens, output_tokens=p.output_tokens)
 
 
 def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
     """Reservations whose request never ended by deadline + grace (a lost worker, say):
-    the request fails as expired, and its reservation is settled at zero and released."""
+    the request fails as expired, and its reservation is settled at zero and released.
+    Zero, because what a lost worker made never reached the ledger."""
     outputs: Outputs = []
     for reservation in book.expired(now):
         cause = new_event(ReservationExpired(request_id=reservation.request_id,
                                              reservation_id=reservation.reservation_id),
-                          tenant_id=reservation.tenant_id, correlation_id=reservation.request_id)
+                          tenant_id=reservation.tenant_id, correlation_id=reservation.request_id, occurred_at=now)
         failed = caused_by(cause, GenerationFailed(request_id=reservation.request_id, error_code="expired",
                                                    message="no result before the deadline"))
+        book.apply(cause)
         outputs += [(topics.LEDGER, cause), (topics.OUTCOMES, failed), (topics.STREAM, failed)]
         outputs += settle(cause, reservation, registry=Registry(), book=book, status="expired",
                           input_tokens=0, output_tokens=0)
     return outputs
+
+
+def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datetime | None]:
+    """The book of the given ledger partitions, and the latest decision time in them."""
+    book, clock = ReservationBook(), None
+    for partition in sorted(partitions):
+        offset = 0
+        while batch := log.read(topics.LEDGER.name, partition, offset, max_records=5000):
+            for record in batch:
+                try:
+                    env = decode(record.value)
+                except EventDecodeError:
+                    continue
+                book.apply(env)
+                clock = env.occurred_at if clock is None else max(clock, env.occurred_at)
+            offset = batch[-1].offset + 1
+    return book, clock
 
 
 class AdmissionProcessor:
@@ -114,35 +194,57 @@ class AdmissionProcessor:
 
     GROUP = "ledgerlm-admission"
 
-    def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None):
+    def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
+                 estimate: ServiceEstimate | None = None):
         self._log = log
         self._registry_view = registry_view
         self._grace = grace
+        self.estimate = estimate or ServiceEstimate()
         self._consumer = log.consumer(self.GROUP, [topics.REQUESTS.name, topics.OUTCOMES.name], member_id=member_id)
         self.book = ReservationBook()
+        self.owned: set[int] | None = None  # ledger partitions the book was built for
+        self._clock: datetime | None = None
+        self._known_topics = {t.name for t in topics.ALL}
         self.rejected_records = 0
-        self._rebuild()
 
-    def _rebuild(self) -> None:
-        book = ReservationBook()
-        for partition in range(self._log.partitions(topics.LEDGER.name)):
-            offset = 0
-            while batch := self._log.read(topics.LEDGER.name, partition, offset, max_records=5000):
-                for record in batch:
-                    book.apply(decode(record.value))
-                offset = batch[-1].offset + 1
-        self.book = book
+    def _owned_now(self) -> set[int]:
+        return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
+
+    def _rebuild(self, owned: set[int]) -> None:
+        self.book, self._clock = rebuild(self._log, owned)
+        self.owned = owned
+
+    def _now(self, event_time: datetime) -> datetime:
+        self._clock = event_time if self._clock is None else max(self._clock, event_time)
+        return self._clock
 
     def _decide(self, env: Envelope, registry: Registry) -> Outputs:
-        now = datetime.now(timezone.utc)
-        if isinstance(env.payload, GenerationRequested):
-            return handle_requested(env, registry=registry, book=self.book, now=now, grace=self._grace)
-        if isinstance(env.payload, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
+        p = env.payload
+        if isinstance(p, GenerationRequested):
+            return handle_requested(env, registry=registry, book=self.book, now=self._now(env.occurred_at),
+                                    grace=self._grace, estimate=self.estimate)
+        if isinstance(p, GenerationStarted):
+            self.estimate.observe_queue(p.queued_ms)
+        elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
             return handle_terminal(env, registry=registry, book=self.book)
         return []
 
+    def _ensure_topics(self, outputs: Outputs) -> None:
+        missing = {t for t, _ in outputs if t.name not in self._known_topics}
+        if missing:  # a dedicated pool's work topics, made on first use
+            self._log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in missing])
+            self._known_topics |= {t.name for t in missing}
+
     def run_once(self, timeout_s: float = 0.5) -> int:
         records = self._consumer.poll(max_records=200, timeout_s=timeout_s)
+        owned = self._owned_now()
+        if owned != self.owned:
+            # Partitions moved (or this is the first poll): decide nothing on a stale book.
+            # What was polled comes again from the committed positions.
+            logger.info("admission owns ledger partitions %s; rebuilding their state", sorted(owned))
+            self._consumer.seek_to_committed()
+            self._rebuild(owned)
+            return 0
         registry = self._registry_view.refresh()
         outputs: Outputs = []
         for record in records:
@@ -158,11 +260,16 @@ class AdmissionProcessor:
         if not records and not outputs:
             return 0
         try:
+            self._ensure_topics(outputs)
             self._consumer.commit_with(to_outputs(outputs))
-        except Fenced:
+        except BaseException as exc:
+            # The book already holds these decisions, and none of them was written: rebuild it
+            # from the ledger before deciding again.
+            self.owned = None
+            if not isinstance(exc, Fenced):
+                raise
             logger.info("admission partitions moved; rebuilding from the ledger")
             self._consumer.seek_to_committed()
-            self._rebuild()
         return len(records)
 
     def run(self, stop: threading.Event) -> None:
