@@ -14,7 +14,7 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 
 class EventLogError(RuntimeError):
@@ -75,8 +75,14 @@ class GroupConsumer(ABC):
         """Commits the positions of every record returned by `poll` so far."""
 
     @abstractmethod
-    def commit_with(self, outputs: Sequence[tuple[str, Message]]) -> None:
+    def commit_with(
+        self, outputs: Sequence[tuple[str, Message]], *, offsets: Mapping[TopicPartition, int] | None = None
+    ) -> None:
         """Appends `outputs` and commits the polled positions as one atomic unit.
+
+        With `offsets` ({(topic, partition): next offset}), commits exactly those instead,
+        and polling goes on from where it was: a consumer that reads ahead (the pool
+        worker's fair share) commits only what it has finished.
 
         Raises `Fenced` (and writes nothing) when a partition was reassigned meanwhile.
         """

@@ -29,8 +29,10 @@ class _NamespacedConsumer(GroupConsumer):
     def commit(self) -> None:
         self._inner.commit()
 
-    def commit_with(self, outputs: Sequence[tuple[str, Message]]) -> None:
-        self._inner.commit_with([(self._names.outer(t), m) for t, m in outputs])
+    def commit_with(self, outputs: Sequence[tuple[str, Message]], *, offsets=None) -> None:
+        if offsets is not None:
+            offsets = {(self._names.outer(t), p): o for (t, p), o in offsets.items()}
+        self._inner.commit_with([(self._names.outer(t), m) for t, m in outputs], offsets=offsets)
 
     def committed(self, topic: str, partition: int) -> int | None:
         return self._inner.committed(self._names.outer(topic), partition)
