@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from api import errors
 from api.deps import Services
 from api.routes import generations
+from api.routes import admin as admin_routes, models as model_routes
 from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
 from api.stream_hub import StreamHub
@@ -37,6 +38,8 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     errors.install(app)
     app.include_router(generations.router)
+    app.include_router(model_routes.router)
+    app.include_router(admin_routes.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(summarizations.router)

@@ -13,6 +13,7 @@ import sys
 import threading
 from datetime import timedelta
 
+from api.cli_admin import add_admin_parser
 from models.settings import Settings
 
 # Long-running processes offered by feature modules: {name: handler(settings, args)}.
@@ -71,30 +72,9 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
-    from pipelines import admin
-    from pipelines.bootstrap import open_log
+    from api.cli_admin import run_admin
 
-    actor = os.environ.get("USER", "cli")
-    with open_log(settings) as log:
-        view = admin.RegistryView(log)
-        try:
-            if args.what == "tenant" and args.action == "create":
-                admin.create_tenant(view, tenant_id=args.tenant_id, name=args.name or args.tenant_id, actor=actor)
-                print(json.dumps({"tenant_id": args.tenant_id}))
-            elif args.what == "tenant" and args.action == "list":
-                for tenant in view.refresh().tenants.values():
-                    print(json.dumps({"tenant_id": tenant.tenant_id, "name": tenant.name}))
-            elif args.what == "key" and args.action == "issue":
-                secret, env = admin.issue_key(view, tenant_id=args.tenant, actor=actor, application_id=args.application,
-                                              scopes=tuple(args.scopes.split(",")))
-                print(json.dumps({"key_id": env.payload.key_id, "api_key": secret, "tenant_id": args.tenant}))
-            elif args.what == "key" and args.action == "revoke":
-                admin.revoke_key(view, key_id=args.key_id, actor=actor)
-                print(json.dumps({"revoked": args.key_id}))
-        except admin.AdminError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    return 0
+    return run_admin(settings, args)
 
 
 def _db(settings: Settings, args: argparse.Namespace) -> int:
@@ -117,20 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run one of the platform's processes")
     serve.add_argument("process", choices=["api", "admission", "worker", *SERVE_HANDLERS])
 
-    admin = sub.add_parser("admin", help="tenants and keys (appended to the log as admin events)")
-    admin_sub = admin.add_subparsers(dest="what", required=True)
-    tenant = admin_sub.add_parser("tenant").add_subparsers(dest="action", required=True)
-    create = tenant.add_parser("create")
-    create.add_argument("tenant_id")
-    create.add_argument("--name")
-    tenant.add_parser("list")
-    key = admin_sub.add_parser("key").add_subparsers(dest="action", required=True)
-    issue = key.add_parser("issue")
-    issue.add_argument("--tenant", required=True)
-    issue.add_argument("--application", default="default")
-    issue.add_argument("--scopes", default="generate,batch,usage")
-    revoke = key.add_parser("revoke")
-    revoke.add_argument("key_id")
+    add_admin_parser(sub)
 
     db = sub.add_parser("db", help="schema migrations of the projection database")
     db.add_argument("action", choices=["upgrade", "downgrade"])

@@ -24,6 +24,14 @@ class AdminError(ValueError):
     pass
 
 
+class AdminNotFound(AdminError):
+    pass
+
+
+class AdminConflict(AdminError):
+    pass
+
+
 class RegistryView:
     """A `Registry` kept up to date by reading the admin topic from where it left off."""
 
@@ -55,8 +63,13 @@ def _admin_event(payload, tenant_id: str) -> Envelope:
 
 def create_tenant(view: RegistryView, *, tenant_id: str, name: str, actor: str) -> Envelope:
     if tenant_id in view.refresh().tenants:
-        raise AdminError(f"tenant {tenant_id!r} already exists")
-    env = _admin_event(TenantCreated(tenant_id=tenant_id, name=name, actor=actor), tenant_id)
+        raise AdminConflict(f"tenant {tenant_id!r} already exists")
+    try:
+        payload = TenantCreated(tenant_id=tenant_id, name=name, actor=actor)
+    except ValidationError:
+        raise AdminError("a tenant id is 1-63 lowercase letters, digits, '-' or '_', starting with a letter "
+                         "or digit") from None
+    env = _admin_event(payload, tenant_id)
     _append(view._log, env)
     return env
 
@@ -67,7 +80,7 @@ def issue_key(
 ) -> tuple[str, Envelope]:
     """Returns the secret (shown once) and the event, which stores only its hash."""
     if tenant_id not in view.refresh().tenants:
-        raise AdminError(f"tenant {tenant_id!r} does not exist")
+        raise AdminNotFound(f"tenant {tenant_id!r} does not exist")
     unknown = set(scopes) - set(ALL_SCOPES)
     if unknown:
         raise AdminError(f"unknown scopes: {sorted(unknown)}")
@@ -86,7 +99,7 @@ def revoke_key(view: RegistryView, *, key_id: str, actor: str) -> Envelope:
     registry = view.refresh()
     owner = next((p.tenant_id for p in registry.keys_by_hash.values() if p.key_id == key_id), None)
     if owner is None:
-        raise AdminError(f"key {key_id!r} does not exist")
+        raise AdminNotFound(f"key {key_id!r} does not exist")
     env = _admin_event(ApiKeyRevoked(key_id=key_id, tenant_id=owner, actor=actor), owner)
     _append(view._log, env)
     return env
@@ -119,7 +132,7 @@ def set_limits(view: RegistryView, *, tenant_id: str, actor: str, **changes) -> 
     created here, before any work can be routed to them."""
     registry = view.refresh()
     if tenant_id not in registry.tenants:
-        raise AdminError(f"tenant {tenant_id!r} does not exist")
+        raise AdminNotFound(f"tenant {tenant_id!r} does not exist")
     unknown = set(changes) - set(LIMIT_FIELDS)
     if unknown:
         raise AdminError(f"unknown limits: {sorted(unknown)}")
@@ -138,5 +151,20 @@ def set_limits(view: RegistryView, *, tenant_id: str, actor: str, **changes) -> 
         view._log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms)
                                  for t in topics.pool_work_topics(payload.pool)])
     env = _admin_event(payload, tenant_id)
+    _append(view._log, env)
+    return env
+
+
+def set_alias(view: RegistryView, *, alias: str, model_revision: str, actor: str,
+              allowed_tenants: tuple[str, ...] = ("*",)) -> Envelope:
+    """Points an alias at an approved revision, for every tenant ('*') or the ones named."""
+    registry = view.refresh()
+    if model_revision not in registry.revisions:
+        raise AdminNotFound(f"model revision {model_revision!r} is not approved")
+    unknown = set(allowed_tenants) - set(registry.tenants) - {"*"}
+    if unknown:
+        raise AdminNotFound(f"unknown tenants: {sorted(unknown)}")
+    env = _admin_event(ModelAliasSet(alias=alias, model_revision=model_revision,
+                                     allowed_tenants=tuple(allowed_tenants), actor=actor), PLATFORM)
     _append(view._log, env)
     return env

@@ -40,7 +40,7 @@ def approve(settings: Settings, log, *, alias: str | None = None) -> str:
     return revision
 
 
-def serve_worker(settings: Settings) -> int:
+def serve_worker(settings: Settings, pool: str | None = None) -> int:
     from pipelines.bootstrap import open_log
     from workers.engine_runner import EngineRunner
     from workers.interactive import InteractiveWorker
@@ -53,7 +53,7 @@ def serve_worker(settings: Settings) -> int:
     log = open_log(settings)
     runner = EngineRunner(VllmEngine.from_settings(settings)).start()
     try:
-        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs)
+        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool)
         print(json.dumps({"worker": worker.worker_id, "ready": True}), flush=True)
         try:
             worker.run(stop)
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     serve = sub.add_parser("serve")
     serve.add_argument("process", choices=["worker"])
+    serve.add_argument("--pool", help="serve only this dedicated pool (default: the shared interactive pool)")
     model = sub.add_parser("model").add_subparsers(dest="action", required=True)
     tiny = model.add_parser("make-tiny", help="generate the small deterministic local model")
     tiny.add_argument("directory", type=Path)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
     settings = Settings()
     if args.verb == "serve":
-        return serve_worker(settings)
+        return serve_worker(settings, args.pool)
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model
 

@@ -1,16 +1,18 @@
-"""The interactive pool worker: takes queued generations, runs them on the engine, and
-writes what happened to the log.
+"""The interactive pool worker: takes queued generations fairly, runs them on the engine,
+and writes what happened to the log.
 
-Work is taken once: a batch of work items is committed together with their
-`GenerationStarted` events, before any token is made. If this process dies mid-stream,
-the admission processor expires the reservation at deadline + grace and the request
-ends as failed; nothing runs twice. Token deltas that arrive while an append is in
+It reads its pool's work topics ahead into a `FairQueue` (deficit round robin by tokens
+across tenants, high priority first) and starts an item when `Headroom` gives its tenant
+one of the engine's slots (at most the engine's max_num_seqs in flight). Taking is
+committed with the item's `GenerationStarted` before any token is made, and only up to
+the first item not yet taken (see `workers.work_positions`), so a crash leaves untaken
+work to the next owner and nothing runs twice. Cancelled work and work whose deadline
+passed in the queue ends there without running; running work is aborted on
+`CancelRequested` and at its deadline. Token deltas that arrive while an append is in
 flight are merged into the next `TokensEmitted`, so a slow log never slows the engine.
 """
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import os
 import threading
@@ -18,197 +20,211 @@ import time
 from datetime import datetime, timezone
 
 from models import topics
-from models.events import EventDecodeError, caused_by, decode
+from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import (
-    CancelRequested, GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationQueued,
-    GenerationStarted, PromptSubmitted, Timings, TokensEmitted,
+    GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings,
 )
-from pipelines.eventlog import EventLog
-from pipelines.routing import publish, to_outputs
-from workers.engine import EngineRequest, InferenceEngine
+from pipelines.eventlog import EventLog, Fenced, Record, TopicSpec
+from pipelines.routing import Outputs, to_outputs
+from workers.cancel_watch import CancelWatch
+from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner
+from workers.fair_share import FairQueue, Headroom, Item
+from workers.generation import serve_generation
+from workers.work_positions import WorkPositions
 
 logger = logging.getLogger(__name__)
-PRIORITY = {"high": 0, "normal": 1, "batch": 2}
 
 
-def _ms_since(start: datetime, now: datetime | None = None) -> int:
-    return max(0, int(((now or datetime.now(timezone.utc)) - start).total_seconds() * 1000))
+def _ms_since(start: datetime, now: datetime) -> int:
+    return max(0, int((now - start).total_seconds() * 1000))
 
 
-class CancelWatch:
-    """Follows the requests topic from now on and aborts cancelled requests in flight."""
-
-    def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine):
-        self._log, self._runner, self._engine = log, runner, engine
-        self.in_flight: dict[str, str] = {}  # request_id -> reason once cancelled, "" before
-        self._next = {p: log.end_offset(topics.REQUESTS.name, p) for p in range(log.partitions(topics.REQUESTS.name))}
-
-    def poll(self) -> None:
-        for partition, offset in self._next.items():
-            for record in self._log.read(topics.REQUESTS.name, partition, offset, max_records=500):
-                self._next[partition] = record.offset + 1
-                try:
-                    env = decode(record.value)
-                except EventDecodeError:
-                    continue
-                if isinstance(env.payload, CancelRequested) and env.payload.request_id in self.in_flight:
-                    self.in_flight[env.payload.request_id] = env.payload.reason
-                    self._runner.submit_nowait(self._engine.abort(env.payload.request_id))
+def engine_capacity(engine: InferenceEngine, default: int = 8) -> int:
+    """Sequences the engine runs at once (vLLM's max_num_seqs)."""
+    return getattr(getattr(engine, "config", None), "max_num_seqs", None) or default
 
 
 class InteractiveWorker:
+    """`pool` None is the shared interactive pool; a name serves only that dedicated pool."""
+
+    SWEEP_S = 0.25  # how often queued work is checked for cancels and passed deadlines
+
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
-                 pool: str = "interactive", max_in_flight: int = 8, worker_id: str | None = None):
+                 pool: str | None = None, max_in_flight: int | None = None, worker_id: str | None = None,
+                 quantum: int = 256, lookahead: int = 2000):
         self._log, self._runner, self._engine = log, runner, engine
-        self.worker_id = worker_id or f"{pool}-{os.getpid()}"
-        self._slots = threading.BoundedSemaphore(max_in_flight)
-        self._max_in_flight = max_in_flight
-        work_topics = [topics.WORK_HIGH.name, topics.WORK_NORMAL.name]
-        self._consumer = log.consumer(f"ledgerlm-pool-{pool}", work_topics, member_id=self.worker_id)
+        self.pool = pool or topics.SHARED_POOL
+        self.worker_id = worker_id or f"{self.pool}-{os.getpid()}"
+        self.capacity = max_in_flight or engine_capacity(engine)
+        self._topics = {t.name: t for t in topics.pool_work_topics(pool)}
+        log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
+        self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
         self._cancels = CancelWatch(log, runner, engine)
+        self._lookahead = lookahead
+        self._quantum = quantum
+        self._slots = Headroom(self.capacity)
+        self._slots_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._assigned: set | None = None
+        self._reset(set())
+        self._next_sweep = 0.0
         self.served = 0
 
-    def _free_slots(self) -> int:
-        return self._slots._value  # noqa: SLF001 - the semaphore's count is exactly what we need
+    def _reset(self, assigned: set) -> None:
+        """Forgets everything read ahead; reading restarts at the committed positions."""
+        self._queue: FairQueue = FairQueue(quantum=self._quantum)
+        self._items: dict[str, Item] = {}  # queued items by request id
+        self._positions = WorkPositions.at_assignment(self._log, self._consumer, assigned)
+        self._committed = self._positions.commit_offsets()
+        self._assigned = assigned
+
+    @property
+    def in_flight(self) -> int:
+        with self._slots_lock:
+            return self.capacity - self._slots.free
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
 
     def run_once(self, timeout_s: float = 0.2) -> int:
         self._cancels.poll()
-        free = self._free_slots()
-        if free == 0:
-            time.sleep(0.005)  # every slot busy: the engine is the bottleneck, not us
+        room = self._lookahead - len(self._queue)
+        wait = timeout_s if not len(self._queue) else min(timeout_s, 0.01)
+        records = self._consumer.poll(max_records=min(500, room), timeout_s=wait) if room > 0 else []
+        assigned = self._consumer.assignment()
+        if assigned != self._assigned:
+            # A rebalance: what was read ahead may be another owner's now. Start over from
+            # the committed positions (and read each partition to its end before taking).
+            self._consumer.seek_to_committed()
+            self._reset(assigned)
             return 0
-        records = self._consumer.poll(max_records=free, timeout_s=timeout_s)
-        if not records:
-            return 0
-        items, outputs = [], []
-        now = datetime.now(timezone.utc)
         for record in records:
-            try:
-                env = decode(record.value)
-            except EventDecodeError as exc:
-                logger.warning("unreadable work item %s/%s@%s: %s", record.topic, record.partition, record.offset, exc)
-                continue
-            if not isinstance(env.payload, GenerationQueued):
-                continue
-            req = env.payload.request
-            queued_ms = _ms_since(env.payload.queued_at, now)
-            if req.deadline_at is not None and req.deadline_at <= now:
-                failed = caused_by(env, GenerationFailed(
-                    request_id=req.request_id, error_code="deadline_expired", message="deadline passed in the queue",
-                    input_tokens=0, timings=Timings(queued_ms=queued_ms)))
-                outputs += [(topics.OUTCOMES, failed), (topics.STREAM, failed)]
-                continue
-            started = caused_by(env, GenerationStarted(
-                request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
-                queued_ms=queued_ms))
-            outputs += [(topics.OUTCOMES, started), (topics.STREAM, started)]
-            items.append((env, started))
-        self._consumer.commit_with(to_outputs(outputs))
-        for env, started in items:
-            self._slots.acquire()
-            self._cancels.in_flight[env.payload.request.request_id] = ""
-            self._runner.submit_nowait(self._serve(env, started))
-        return len(items)
-
-    async def _serve(self, queued_env, started_env) -> None:
-        item: GenerationQueued = queued_env.payload
-        req = item.request
-        t0 = time.monotonic()
-        first_token_ms: int | None = None
-        seq = 0
-        output_tokens = 0
-        digest = hashlib.sha256()
-        pending_text, pending_tokens = [], 0
-        flusher: asyncio.Task | None = None
-
-        async def flush() -> None:
-            nonlocal pending_text, pending_tokens, seq
-            while pending_text or pending_tokens:
-                text, count = "".join(pending_text), pending_tokens
-                pending_text, pending_tokens = [], 0
-                env = caused_by(started_env, TokensEmitted(request_id=req.request_id, seq=seq, text=text, token_count=count))
-                seq += 1
-                await asyncio.to_thread(publish, self._log, topics.STREAM, [env])
-
-        terminal = None
+            self._take_in(record)
+        now = datetime.now(timezone.utc)
+        outputs: Outputs = []
+        if time.monotonic() >= self._next_sweep or self._cancels.pending_for(self._items):
+            outputs += self._sweep(now)
+        starting = self._choose(now, outputs)
+        offsets = self._positions.commit_offsets()
+        if not outputs and offsets == self._committed:
+            if not starting and len(self._queue) and not records:
+                self._wake.wait(wait)  # everything queued waits for a slot
+                self._wake.clear()
+            return 0
         try:
-            prompt = await asyncio.to_thread(self._fetch_prompt, req.prompt_ref)
-            engine_request = EngineRequest(
-                request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
-                tenant_id=queued_env.tenant_id, priority=PRIORITY.get(req.priority, 1),
-                temperature=req.sampling.temperature, top_p=req.sampling.top_p, seed=req.sampling.seed,
-                stop=req.sampling.stop, ignore_eos=req.sampling.ignore_eos,
-            )
-            finish_reason = None
-            async for delta in self._engine.generate(engine_request):
-                if delta.text or delta.new_tokens:
-                    if first_token_ms is None:
-                        first_token_ms = int((time.monotonic() - t0) * 1000)
-                    pending_text.append(delta.text)
-                    pending_tokens += delta.new_tokens
-                    output_tokens += delta.new_tokens
-                    digest.update(delta.text.encode())
-                    if flusher is None or flusher.done():
-                        flusher = asyncio.ensure_future(flush())
-                if delta.finished:
-                    finish_reason = delta.finish_reason
-            if flusher is not None:
-                await flusher
-            await flush()
-            timings = Timings(queued_ms=started_env.payload.queued_ms, ttft_ms=first_token_ms,
-                              duration_ms=int((time.monotonic() - t0) * 1000))
-            cancel_reason = self._cancels.in_flight.get(req.request_id) or (
-                "deadline" if finish_reason == "abort" else None)
-            if cancel_reason:
-                terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
-                                               input_tokens=req.input_tokens, output_tokens=output_tokens,
-                                               timings=timings)
-            else:
-                terminal = GenerationCompleted(
-                    request_id=req.request_id, finish_reason=finish_reason or "stop",
-                    input_tokens=req.input_tokens, output_tokens=output_tokens, model_revision=req.model_revision,
-                    output_sha256=digest.hexdigest(), timings=timings)
-        except Exception as exc:  # the request fails; the worker goes on
-            logger.exception("generation %s failed", req.request_id)
-            if flusher is not None:
-                await asyncio.gather(flusher, return_exceptions=True)
-            terminal = GenerationFailed(request_id=req.request_id, error_code="engine_error",
-                                        message=type(exc).__name__, input_tokens=req.input_tokens,
-                                        output_tokens=output_tokens,
-                                        timings=Timings(queued_ms=started_env.payload.queued_ms,
-                                                        duration_ms=int((time.monotonic() - t0) * 1000)))
+            self._consumer.commit_with(to_outputs(outputs), offsets=offsets)
+        except Fenced:
+            logger.info("%s lost work partitions; reading again from the committed positions", self.worker_id)
+            with self._slots_lock:
+                for item, _ in starting:
+                    self._slots.finished(item.tenant_id)
+            self._consumer.seek_to_committed()
+            self._reset(self._consumer.assignment())
+            return 0
+        self._committed = offsets
+        for item, started in starting:
+            self._cancels.in_flight[started.payload.request_id] = ""
+            self._runner.submit_nowait(self._serve(item, started))
+        return len(starting)
+
+    def _take_in(self, record: Record) -> None:
+        self._positions.saw(record)
+        try:
+            env = decode(record.value)
+        except EventDecodeError as exc:
+            logger.warning("unreadable work item %s/%s@%s: %s", record.topic, record.partition, record.offset, exc)
+            return
+        p = env.payload
+        if isinstance(p, GenerationQueued):
+            request_id = p.request.request_id
+            if request_id in self._items:
+                return
+            item = Item(env.tenant_id, p.request.priority, p.request.input_tokens + p.request.max_output_tokens,
+                        (record.topic, record.partition, record.offset, env))
+            self._items[request_id] = item
+            self._positions.hold((record.topic, record.partition), record.offset)
+            self._queue.push(item)
+            with self._slots_lock:
+                self._slots.seen(env.tenant_id)
+        elif (item := self._items.pop(getattr(p, "request_id", ""), None)) is not None:
+            # Someone (a previous owner of this partition) took it already.
+            self._queue.drop(item)
+            self._positions.release(item.value[0:2], item.value[2])
+
+    def _end_early(self, item: Item, now: datetime) -> Outputs:
+        """Ends a queued item without running it: cancelled, or its deadline passed."""
+        topic, _, _, env = item.value
+        req = env.payload.request
+        timings = Timings(queued_ms=_ms_since(env.payload.queued_at, now))
+        reason = self._cancels.cancelled.get(req.request_id)
+        if reason:
+            end = GenerationCancelled(request_id=req.request_id, reason=reason, timings=timings)
+        else:
+            end = GenerationFailed(request_id=req.request_id, error_code="deadline_expired",
+                                   message="deadline passed in the queue", timings=timings)
+        terminal = caused_by(env, end)
+        return [(topics.OUTCOMES, terminal), (topics.STREAM, terminal), (self._topics[topic], terminal)]
+
+    def _should_end(self, item: Item, now: datetime) -> bool:
+        req = item.value[3].payload.request
+        return req.request_id in self._cancels.cancelled or (req.deadline_at is not None and req.deadline_at <= now)
+
+    def _sweep(self, now: datetime) -> Outputs:
+        self._next_sweep = time.monotonic() + self.SWEEP_S
+        outputs: Outputs = []
+        for item in [i for i in self._queue.items() if self._should_end(i, now)]:
+            outputs += self._end_early(item, now)
+            self._forget(item)
+        return outputs
+
+    def _forget(self, item: Item) -> None:
+        self._queue.drop(item)
+        self._items.pop(item.value[3].payload.request.request_id, None)
+        self._positions.release(item.value[0:2], item.value[2])
+
+    def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[Item, Envelope]]:
+        """Takes items while their tenants may have a slot; appends what to write to `outputs`."""
+        blocked = {tp for tp in list(self._positions.catch_up) if not self._positions.ready(tp, self._log)}
+        starting = []
+        with self._slots_lock:
+            def eligible(item: Item) -> bool:
+                return item.value[0:2] not in blocked and self._slots.may_start(item.tenant_id)
+
+            while (item := self._queue.pop(eligible)) is not None:
+                self._items.pop(item.value[3].payload.request.request_id, None)
+                self._positions.release(item.value[0:2], item.value[2])
+                if self._should_end(item, now):
+                    outputs += self._end_early(item, now)
+                    continue
+                topic, _, _, env = item.value
+                req = env.payload.request
+                started = caused_by(env, GenerationStarted(
+                    request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
+                    queued_ms=_ms_since(env.payload.queued_at, now)))
+                outputs += [(topics.OUTCOMES, started), (topics.STREAM, started), (self._topics[topic], started)]
+                self._slots.started(item.tenant_id)
+                starting.append((item, started))
+        return starting
+
+    async def _serve(self, item: Item, started_env: Envelope) -> None:
+        try:
+            ended = await serve_generation(self._log, self._engine, self._cancels, item.value[3], started_env)
+            self.served += ended
         finally:
-            try:
-                if terminal is not None:
-                    env = caused_by(started_env, terminal)
-                    await asyncio.to_thread(self._publish_terminal, env)
-                    self.served += 1
-            finally:
-                self._cancels.in_flight.pop(req.request_id, None)
-                self._slots.release()
-
-    def _publish_terminal(self, env) -> None:
-        # The stream copy first: the client learns the end as soon as possible; the
-        # outcomes copy is what settles the reservation.
-        publish(self._log, topics.STREAM, [env])
-        publish(self._log, topics.OUTCOMES, [env])
-
-    def _fetch_prompt(self, ref) -> str:
-        records = self._log.read(ref.topic, ref.partition, ref.offset, max_records=1)
-        if not records or records[0].offset != ref.offset:
-            raise LookupError(f"prompt at {ref.topic}/{ref.partition}@{ref.offset} is gone")
-        payload = decode(records[0].value).payload
-        if not isinstance(payload, PromptSubmitted):
-            raise LookupError("prompt reference points at something else")
-        return payload.prompt
+            self._cancels.in_flight.pop(started_env.payload.request_id, None)
+            with self._slots_lock:
+                self._slots.finished(item.tenant_id)
+            self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.run_once()
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Lets running generations finish; queued ones stay uncommitted for the next owner."""
         deadline = time.monotonic() + drain_timeout_s
-        while self._free_slots() < self._max_in_flight and time.monotonic() < deadline:
+        while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
         self._consumer.close()

@@ -1,0 +1,131 @@
+"""`ledgerlm admin ...`: tenants, keys, limits and models, appended to the log as admin
+events. Each verb translates its arguments into one `pipelines.admin` command and prints
+JSON lines."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from models.quota import LIMIT_FIELDS
+from models.settings import Settings
+
+LIMIT_HELP = {
+    "requests_per_minute": "admitted requests per minute",
+    "max_concurrent": "requests in flight at once",
+    "tokens_per_window": "input + reserved output tokens per window",
+    "spend_per_window_micros": "spend per window, in micro-units of the price",
+    "window_seconds": "length of the token and spend window (default 3600)",
+    "max_input_tokens": "largest prompt, in tokens",
+    "max_output_tokens": "largest max_output_tokens",
+    "batch_tokens_per_window": "tokens per window for batch jobs",
+    "pool": "dedicated pool name ('interactive' for the shared pool)",
+}
+
+
+def _limit_value(text: str) -> int | None:
+    if text.lower() in ("none", "unlimited", "-"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("limits are not negative")
+    return value
+
+
+def _pool(text: str) -> str | None:
+    return None if text.lower() in ("none", "-", "interactive") else text
+
+
+def add_admin_parser(sub) -> None:
+    parser = sub.add_parser("admin", help="tenants, keys, limits and models (appended to the log as admin events)")
+    what = parser.add_subparsers(dest="what", required=True)
+    tenant = what.add_parser("tenant").add_subparsers(dest="action", required=True)
+    create = tenant.add_parser("create")
+    create.add_argument("tenant_id")
+    create.add_argument("--name")
+    tenant.add_parser("list")
+    key = what.add_parser("key").add_subparsers(dest="action", required=True)
+    issue = key.add_parser("issue")
+    issue.add_argument("--tenant", required=True)
+    issue.add_argument("--application", default="default")
+    issue.add_argument("--scopes", default="generate,batch,usage")
+    revoke = key.add_parser("revoke")
+    revoke.add_argument("key_id")
+    limits = what.add_parser("limits").add_subparsers(dest="action", required=True)
+    set_ = limits.add_parser("set", help="change some limits; 'none' lifts one")
+    set_.add_argument("tenant_id")
+    for name in LIMIT_FIELDS:
+        kind = _pool if name == "pool" else _limit_value
+        set_.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS,
+                          help=LIMIT_HELP[name])
+    limits.add_parser("show").add_argument("tenant_id")
+    model = what.add_parser("model").add_subparsers(dest="action", required=True)
+    approve = model.add_parser("approve", help="approve a pinned revision and point an alias at it")
+    approve.add_argument("--alias", required=True)
+    approve.add_argument("--revision", required=True)
+    approve.add_argument("--path", required=True)
+    approve.add_argument("--config-hash", required=True)
+    approve.add_argument("--max-model-len", type=int, required=True)
+    approve.add_argument("--price-input-per-1k-micros", type=int, default=0)
+    approve.add_argument("--price-output-per-1k-micros", type=int, default=0)
+    approve.add_argument("--tenants", default="*", help="comma-separated tenants allowed, or * for all")
+    alias = model.add_parser("alias", help="point an alias at an approved revision")
+    alias.add_argument("alias")
+    alias.add_argument("revision")
+    alias.add_argument("--tenants", default="*")
+
+
+def run_admin(settings: Settings, args: argparse.Namespace) -> int:
+    from pipelines import admin
+    from pipelines.bootstrap import open_log
+
+    actor = os.environ.get("USER", "cli")
+    with open_log(settings) as log:
+        view = admin.RegistryView(log)
+        try:
+            for line in _run(admin, view, args, actor):
+                print(json.dumps(line))
+        except admin.AdminError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def _run(admin, view, args, actor: str):
+    what, action = args.what, args.action
+    if what == "tenant" and action == "create":
+        admin.create_tenant(view, tenant_id=args.tenant_id, name=args.name or args.tenant_id, actor=actor)
+        yield {"tenant_id": args.tenant_id}
+    elif what == "tenant" and action == "list":
+        registry = view.refresh()
+        for tenant in registry.tenants.values():
+            yield {"tenant_id": tenant.tenant_id, "name": tenant.name,
+                   "limits": registry.limits_for(tenant.tenant_id).as_dict()}
+    elif what == "key" and action == "issue":
+        secret, env = admin.issue_key(view, tenant_id=args.tenant, actor=actor, application_id=args.application,
+                                      scopes=tuple(args.scopes.split(",")))
+        yield {"key_id": env.payload.key_id, "api_key": secret, "tenant_id": args.tenant}
+    elif what == "key" and action == "revoke":
+        admin.revoke_key(view, key_id=args.key_id, actor=actor)
+        yield {"revoked": args.key_id}
+    elif what == "limits" and action == "set":
+        changes = {name: getattr(args, name) for name in LIMIT_FIELDS if hasattr(args, name)}
+        env = admin.set_limits(view, tenant_id=args.tenant_id, actor=actor, **changes)
+        yield {"tenant_id": args.tenant_id, **{name: getattr(env.payload, name) for name in LIMIT_FIELDS}}
+    elif what == "limits" and action == "show":
+        registry = view.refresh()
+        if args.tenant_id not in registry.tenants:
+            raise admin.AdminNotFound(f"tenant {args.tenant_id!r} does not exist")
+        yield {"tenant_id": args.tenant_id, **registry.limits_for(args.tenant_id).as_dict()}
+    elif what == "model" and action == "approve":
+        admin.approve_model(view, alias=args.alias, model_revision=args.revision, model_path=args.path,
+                            engine_config_hash=args.config_hash, max_model_len=args.max_model_len, actor=actor,
+                            price_input_per_1k_micros=args.price_input_per_1k_micros,
+                            price_output_per_1k_micros=args.price_output_per_1k_micros,
+                            allowed_tenants=tuple(args.tenants.split(",")))
+        yield {"alias": args.alias, "model_revision": args.revision}
+    elif what == "model" and action == "alias":
+        admin.set_alias(view, alias=args.alias, model_revision=args.revision, actor=actor,
+                        allowed_tenants=tuple(args.tenants.split(",")))
+        yield {"alias": args.alias, "model_revision": args.revision}

@@ -1,0 +1,158 @@
+"""`/v1/admin/...`: tenants, keys, limits, model revisions and aliases, for platform admins.
+
+Every change is an admin event on the log (`pipelines.admin`); these routes only
+translate HTTP into those commands. The `admin` scope is platform-wide, so it belongs on
+operators' keys only; the settings' `bootstrap_token` also works, to make the first one.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import ServicesDep, current_principal
+from api.errors import ApiError
+from models.events_admin import Scope
+from models.quota import MAX_WINDOW_S
+from pipelines import admin
+
+router = APIRouter(prefix="/v1/admin")
+
+
+def admin_actor(request: Request, svc: ServicesDep) -> str:
+    """Who is acting: an admin-scoped key, or the bootstrap token."""
+    token = svc.settings.bootstrap_token
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(secret.strip().encode(), token.encode()):
+        return "bootstrap"
+    principal = current_principal(request, svc)
+    if "admin" not in principal.scopes:
+        raise ApiError(403, "This key lacks the 'admin' scope", code="insufficient_scope")
+    return f"{principal.tenant_id}/{principal.key_id}"
+
+
+ActorDep = Annotated[str, Depends(admin_actor)]
+
+
+def run(command, **kwargs):
+    try:
+        return command(**kwargs)
+    except admin.AdminNotFound as exc:
+        raise ApiError(404, str(exc), code="not_found") from None
+    except admin.AdminConflict as exc:
+        raise ApiError(409, str(exc), code="conflict") from None
+    except admin.AdminError as exc:
+        raise ApiError(400, str(exc), code="invalid_value") from None
+
+
+class TenantBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant_id: str = Field(min_length=1, max_length=63)
+    name: str | None = Field(default=None, max_length=200)
+
+
+class KeyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    application_id: str = Field(default="default", min_length=1, max_length=128)
+    scopes: list[Scope] = Field(default_factory=lambda: ["generate", "batch", "usage"], min_length=1)
+
+
+class LimitsBody(BaseModel):
+    """Only the fields sent change; null lifts a limit."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    max_concurrent: int | None = Field(default=None, ge=0)
+    tokens_per_window: int | None = Field(default=None, ge=0)
+    spend_per_window_micros: int | None = Field(default=None, ge=0)
+    window_seconds: int | None = Field(default=None, gt=0, le=MAX_WINDOW_S)
+    max_input_tokens: int | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, ge=0)
+    batch_tokens_per_window: int | None = Field(default=None, ge=0)
+    pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class ModelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    alias: str = Field(min_length=1, max_length=128)
+    model_revision: str = Field(min_length=1, max_length=200)
+    model_path: str = Field(min_length=1)
+    engine_config_hash: str = Field(min_length=1, max_length=128)
+    max_model_len: int = Field(gt=0)
+    price_input_per_1k_micros: int = Field(default=0, ge=0)
+    price_output_per_1k_micros: int = Field(default=0, ge=0)
+    allowed_tenants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
+class AliasBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_revision: str = Field(min_length=1, max_length=200)
+    allowed_tenants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
+def tenant_json(registry, tenant_id: str) -> dict:
+    tenant = registry.tenants.get(tenant_id)
+    if tenant is None:
+        raise ApiError(404, f"tenant {tenant_id!r} does not exist", code="not_found")
+    return {"tenant_id": tenant.tenant_id, "name": tenant.name, "limits": registry.limits_for(tenant_id).as_dict()}
+
+
+@router.post("/tenants", status_code=201)
+def create_tenant(body: TenantBody, actor: ActorDep, svc: ServicesDep):
+    run(admin.create_tenant, view=svc.registry_view, tenant_id=body.tenant_id, name=body.name or body.tenant_id,
+        actor=actor)
+    return tenant_json(svc.registry_view.refresh(), body.tenant_id)
+
+
+@router.get("/tenants")
+def list_tenants(_: ActorDep, svc: ServicesDep):
+    registry = svc.registry_view.refresh()
+    return {"object": "list", "data": [tenant_json(registry, t) for t in sorted(registry.tenants)]}
+
+
+@router.get("/tenants/{tenant_id}")
+def get_tenant(tenant_id: str, _: ActorDep, svc: ServicesDep):
+    registry = svc.registry_view.refresh()
+    keys = [{"key_id": p.key_id, "application_id": p.application_id, "scopes": sorted(p.scopes),
+             "revoked": p.key_id in registry.revoked} for p in registry.keys_of(tenant_id)]
+    return {**tenant_json(registry, tenant_id), "keys": keys}
+
+
+@router.post("/tenants/{tenant_id}/keys", status_code=201)
+def issue_key(tenant_id: str, body: KeyBody, actor: ActorDep, svc: ServicesDep):
+    secret, env = run(admin.issue_key, view=svc.registry_view, tenant_id=tenant_id, actor=actor,
+                      application_id=body.application_id, scopes=tuple(body.scopes))
+    # The secret is shown here once; the log keeps only its hash.
+    return {"key_id": env.payload.key_id, "api_key": secret, "tenant_id": tenant_id,
+            "application_id": body.application_id, "scopes": list(env.payload.scopes)}
+
+
+@router.post("/keys/{key_id}/revoke")
+def revoke_key(key_id: str, actor: ActorDep, svc: ServicesDep):
+    env = run(admin.revoke_key, view=svc.registry_view, key_id=key_id, actor=actor)
+    return {"key_id": key_id, "tenant_id": env.payload.tenant_id, "revoked": True}
+
+
+@router.patch("/tenants/{tenant_id}/limits")
+@router.put("/tenants/{tenant_id}/limits")
+def set_limits(tenant_id: str, body: LimitsBody, actor: ActorDep, svc: ServicesDep):
+    changes = body.model_dump(include=body.model_fields_set)
+    run(admin.set_limits, view=svc.registry_view, tenant_id=tenant_id, actor=actor, **changes)
+    return tenant_json(svc.registry_view.refresh(), tenant_id)
+
+
+@router.post("/models", status_code=201)
+def approve_model(body: ModelBody, actor: ActorDep, svc: ServicesDep):
+    data = body.model_dump()
+    run(admin.approve_model, view=svc.registry_view, actor=actor,
+        **{**data, "allowed_tenants": tuple(body.allowed_tenants)})
+    return {"alias": body.alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}
+
+
+@router.put("/aliases/{alias}")
+def set_alias(alias: str, body: AliasBody, actor: ActorDep, svc: ServicesDep):
+    run(admin.set_alias, view=svc.registry_view, alias=alias, model_revision=body.model_revision, actor=actor,
+        allowed_tenants=tuple(body.allowed_tenants))
+    return {"alias": alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}

@@ -1,0 +1,58 @@
+"""Follows the requests topic for `CancelRequested`: aborts cancelled requests in flight,
+and remembers recent cancels so queued work that was cancelled never starts."""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from models import topics
+from models.events import EventDecodeError, decode
+from models.events_generation import CancelRequested
+from pipelines.eventlog import EventLog
+from workers.engine import InferenceEngine
+from workers.engine_runner import EngineRunner
+
+
+class CancelWatch:
+    REMEMBER = 50_000  # recent cancels kept for queued work; older ones have long expired
+    EVERY_S = 0.02  # at most this often: cancels are rare and reading every partition is not free
+
+    def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine):
+        self._runner, self._engine = runner, engine
+        self.in_flight: dict[str, str] = {}  # request_id -> reason once cancelled, "" before
+        self.cancelled: OrderedDict[str, str] = OrderedDict()  # request_id -> reason
+        self._new: set[str] = set()
+        self._next_poll = 0.0
+        ends = {p: log.end_offset(topics.REQUESTS.name, p) for p in range(log.partitions(topics.REQUESTS.name))}
+        self._tail = log.tail(topics.REQUESTS.name, ends)
+
+    def poll(self) -> None:
+        if time.monotonic() < self._next_poll:
+            return
+        self._next_poll = time.monotonic() + self.EVERY_S
+        for record in self._tail.poll(max_records=1000, timeout_s=0):
+            try:
+                env = decode(record.value)
+            except EventDecodeError:
+                continue
+            if not isinstance(env.payload, CancelRequested):
+                continue
+            request_id, reason = env.payload.request_id, env.payload.reason
+            self.cancelled[request_id] = reason
+            self._new.add(request_id)
+            if len(self.cancelled) > self.REMEMBER:
+                self.cancelled.popitem(last=False)
+            if request_id in self.in_flight and not self.in_flight[request_id]:
+                self.in_flight[request_id] = reason
+                self._runner.submit_nowait(self._engine.abort(request_id))
+
+    def pending_for(self, queued: dict) -> bool:
+        """Whether a cancel seen since the last call is for work still queued."""
+        new, self._new = self._new, set()
+        return any(request_id in queued for request_id in new)
+
+    def expire(self, request_id: str) -> None:
+        """Aborts running work whose deadline has come."""
+        if request_id in self.in_flight and not self.in_flight[request_id]:
+            self.in_flight[request_id] = "deadline"
+            self._runner.submit_nowait(self._engine.abort(request_id))

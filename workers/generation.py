@@ -1,0 +1,124 @@
+"""One generation on the engine, from a started work item to its terminal event.
+
+Runs on the engine's loop. Token deltas that arrive while an append is in flight are
+merged into the next `TokensEmitted`, so a slow log never slows the engine. The request
+is aborted at its deadline and ends as cancelled ('deadline').
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from datetime import datetime, timezone
+
+from models import topics
+from models.events import Envelope, caused_by, decode
+from models.events_generation import (
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationQueued, PromptSubmitted, Timings,
+    TokensEmitted,
+)
+from pipelines.eventlog import EventLog
+from pipelines.routing import publish
+from workers.engine import EngineRequest, InferenceEngine
+
+logger = logging.getLogger(__name__)
+PRIORITY = {"high": 0, "normal": 1, "batch": 2}  # vLLM runs lower values sooner
+
+
+def fetch_prompt(log: EventLog, ref) -> str:
+    records = log.read(ref.topic, ref.partition, ref.offset, max_records=1)
+    if not records or records[0].offset != ref.offset:
+        raise LookupError(f"prompt at {ref.topic}/{ref.partition}@{ref.offset} is gone")
+    payload = decode(records[0].value).payload
+    if not isinstance(payload, PromptSubmitted):
+        raise LookupError("prompt reference points at something else")
+    return payload.prompt
+
+
+def publish_terminal(log: EventLog, env: Envelope) -> None:
+    # The stream copy first: the client learns the end as soon as possible; the outcomes
+    # copy is what settles the reservation.
+    publish(log, topics.STREAM, [env])
+    publish(log, topics.OUTCOMES, [env])
+
+
+async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queued_env: Envelope,
+                           started_env: Envelope) -> int:
+    """Returns 1 once a terminal event is written."""
+    item: GenerationQueued = queued_env.payload
+    req = item.request
+    t0 = time.monotonic()
+    first_token_ms: int | None = None
+    seq = output_tokens = 0
+    digest = hashlib.sha256()
+    pending_text, pending_tokens = [], 0
+    flusher: asyncio.Task | None = None
+    timer: asyncio.TimerHandle | None = None
+
+    async def flush() -> None:
+        nonlocal pending_text, pending_tokens, seq
+        while pending_text or pending_tokens:
+            text, count = "".join(pending_text), pending_tokens
+            pending_text, pending_tokens = [], 0
+            env = caused_by(started_env, TokensEmitted(request_id=req.request_id, seq=seq, text=text, token_count=count))
+            seq += 1
+            await asyncio.to_thread(publish, log, topics.STREAM, [env])
+
+    def timings() -> Timings:
+        return Timings(queued_ms=started_env.payload.queued_ms, ttft_ms=first_token_ms,
+                       duration_ms=int((time.monotonic() - t0) * 1000))
+
+    terminal = None
+    try:
+        if req.deadline_at is not None:
+            left_s = (req.deadline_at - datetime.now(timezone.utc)).total_seconds()
+            timer = asyncio.get_running_loop().call_later(max(0.0, left_s), cancels.expire, req.request_id)
+        finish_reason = None
+        if not cancels.cancelled.get(req.request_id):  # cancelled between taking and starting
+            prompt = await asyncio.to_thread(fetch_prompt, log, req.prompt_ref)
+            engine_request = EngineRequest(
+                request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
+                tenant_id=queued_env.tenant_id, priority=PRIORITY.get(req.priority, 1),
+                temperature=req.sampling.temperature, top_p=req.sampling.top_p, seed=req.sampling.seed,
+                stop=req.sampling.stop, ignore_eos=req.sampling.ignore_eos,
+            )
+            async for delta in engine.generate(engine_request):
+                if delta.text or delta.new_tokens:
+                    if first_token_ms is None:
+                        first_token_ms = int((time.monotonic() - t0) * 1000)
+                    pending_text.append(delta.text)
+                    pending_tokens += delta.new_tokens
+                    output_tokens += delta.new_tokens
+                    digest.update(delta.text.encode())
+                    if flusher is None or flusher.done():
+                        flusher = asyncio.ensure_future(flush())
+                if delta.finished:
+                    finish_reason = delta.finish_reason
+            if flusher is not None:
+                await flusher
+            await flush()
+        cancel_reason = (cancels.in_flight.get(req.request_id) or cancels.cancelled.get(req.request_id)
+                         or ("deadline" if finish_reason == "abort" else None))
+        if cancel_reason:
+            terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
+                                           input_tokens=req.input_tokens if finish_reason else 0,
+                                           output_tokens=output_tokens, timings=timings())
+        else:
+            terminal = GenerationCompleted(
+                request_id=req.request_id, finish_reason=finish_reason or "stop",
+                input_tokens=req.input_tokens, output_tokens=output_tokens, model_revision=req.model_revision,
+                output_sha256=digest.hexdigest(), timings=timings())
+    except Exception as exc:  # the request fails; the worker goes on
+        logger.exception("generation %s failed", req.request_id)
+        if flusher is not None:
+            await asyncio.gather(flusher, return_exceptions=True)
+        terminal = GenerationFailed(request_id=req.request_id, error_code="engine_error",
+                                    message=type(exc).__name__, input_tokens=req.input_tokens,
+                                    output_tokens=output_tokens, timings=timings())
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if terminal is not None:
+            await asyncio.to_thread(publish_terminal, log, caused_by(started_env, terminal))
+    return 1

@@ -1,0 +1,54 @@
+"""Where a pool worker stands in each work partition it owns.
+
+The worker reads ahead (fair share needs to see past one tenant's backlog) but commits
+only up to its first item not yet taken, so a crash hands every untaken item to the next
+owner. Items taken out of order sit beyond that commit point; the worker marks each taken
+item by writing its `GenerationStarted` (or its early end) to the item's own partition,
+in the same commit. A new owner reads a partition up to where it ended at assignment
+before starting any of its items, so it sees every mark and starts nothing twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipelines.eventlog import EventLog, GroupConsumer, Record, TopicPartition
+
+
+@dataclass
+class WorkPositions:
+    read: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to read
+    held: dict[TopicPartition, set[int]] = field(default_factory=dict)  # offsets of items queued here
+    catch_up: dict[TopicPartition, int] = field(default_factory=dict)  # read this far before starting any
+
+    @classmethod
+    def at_assignment(cls, log: EventLog, consumer: GroupConsumer, assigned: set[TopicPartition]) -> "WorkPositions":
+        positions = cls()
+        for tp in assigned:
+            positions.read[tp] = consumer.committed(*tp) or 0
+            positions.catch_up[tp] = log.end_offset(*tp)
+        return positions
+
+    def saw(self, record: Record) -> None:
+        tp = (record.topic, record.partition)
+        self.read[tp] = max(self.read.get(tp, 0), record.offset + 1)
+
+    def hold(self, tp: TopicPartition, offset: int) -> None:
+        self.held.setdefault(tp, set()).add(offset)
+
+    def release(self, tp: TopicPartition, offset: int) -> None:
+        self.held.get(tp, set()).discard(offset)
+
+    def ready(self, tp: TopicPartition, log: EventLog) -> bool:
+        """Read up to where the partition ended at assignment (or nothing is left to read:
+        transaction markers take offsets that no record has)."""
+        target = self.catch_up.get(tp)
+        if target is None:
+            return True
+        if self.read.get(tp, 0) >= target or not log.read(tp[0], tp[1], self.read.get(tp, 0), max_records=1):
+            del self.catch_up[tp]
+            return True
+        return False
+
+    def commit_offsets(self) -> dict[TopicPartition, int]:
+        """Per partition: its first held offset, or all that was read when nothing is held."""
+        return {tp: min(self.held[tp]) if self.held.get(tp) else offset for tp, offset in self.read.items()}
