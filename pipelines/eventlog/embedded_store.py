@@ -1,0 +1,123 @@
+"""SQLite storage shared by the embedded log and its group consumers.
+
+Every process opens its own connections to one WAL-mode file. Writers take the write
+lock up front (`BEGIN IMMEDIATE`) so two appenders never both read the same next offset
+and then collide; readers never block writers in WAL mode.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from pipelines.eventlog.base import EventLogError, Message, Record, UnknownTopic, partition_for
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (
+    name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, retention_ms INTEGER);
+CREATE TABLE IF NOT EXISTS partition_ends (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL, low_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    key TEXT, value BLOB NOT NULL, timestamp_ms INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_offsets (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (grp, topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_members (
+    grp TEXT NOT NULL, member_id TEXT NOT NULL, instance TEXT NOT NULL, topics TEXT NOT NULL,
+    heartbeat_ms INTEGER NOT NULL,
+    PRIMARY KEY (grp, member_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_state (
+    grp TEXT PRIMARY KEY, generation INTEGER NOT NULL, roster TEXT NOT NULL);
+"""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves, so transactions stay explicit and short.
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           timeout=busy_timeout_ms / 1000)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL survives a process crash (not a power cut), like an unflushed Kafka broker.
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    return conn
+
+
+@contextmanager
+def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    with write_txn(conn):
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+
+
+def partition_count(conn: sqlite3.Connection, topic: str) -> int:
+    row = conn.execute("SELECT partitions FROM topics WHERE name = ?", (topic,)).fetchone()
+    if row is None:
+        raise UnknownTopic(f"topic {topic!r} does not exist; create it with ensure_topics")
+    return row[0]
+
+
+def check_partition(conn: sqlite3.Connection, topic: str, partition: int) -> None:
+    n = partition_count(conn, topic)
+    if not 0 <= partition < n:
+        raise EventLogError(f"topic {topic!r} has {n} partitions; {partition} is out of range")
+
+
+def insert_records(conn: sqlite3.Connection, outputs: Sequence[tuple[str, Message]]) -> list[Record]:
+    """Appends inside the caller's write transaction; returns records in input order."""
+    counts: dict[str, int] = {}
+    next_offsets: dict[tuple[str, int], int] = {}
+    stamp = now_ms()
+    records = []
+    for topic, message in outputs:
+        if topic not in counts:
+            counts[topic] = partition_count(conn, topic)
+        n = counts[topic]
+        partition = partition_for(message.key, n) if message.partition is None else message.partition
+        if not 0 <= partition < n:
+            raise EventLogError(f"topic {topic!r} has {n} partitions; {partition} is out of range")
+        tp = (topic, partition)
+        if tp not in next_offsets:
+            next_offsets[tp] = conn.execute(
+                "SELECT next_offset FROM partition_ends WHERE topic = ? AND partition = ?", tp).fetchone()[0]
+        records.append(Record(topic, partition, next_offsets[tp], message.key, bytes(message.value), stamp))
+        next_offsets[tp] += 1
+    conn.executemany(
+        "INSERT INTO records (topic, partition, offset, key, value, timestamp_ms) VALUES (?, ?, ?, ?, ?, ?)",
+        [(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms) for r in records])
+    conn.executemany("UPDATE partition_ends SET next_offset = ? WHERE topic = ? AND partition = ?",
+                     [(end, topic, partition) for (topic, partition), end in next_offsets.items()])
+    return records
+
+
+def select_records(conn: sqlite3.Connection, topic: str, partition: int, offset: int, limit: int) -> list[Record]:
+    rows = conn.execute(
+        "SELECT offset, key, value, timestamp_ms FROM records"
+        " WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?",
+        (topic, partition, offset, limit)).fetchall()
+    return [Record(topic, partition, o, k, v, ts) for o, k, v, ts in rows]
+
+
+def committed_offset(conn: sqlite3.Connection, group: str, topic: str, partition: int) -> int | None:
+    row = conn.execute("SELECT next_offset FROM group_offsets WHERE grp = ? AND topic = ? AND partition = ?",
+                       (group, topic, partition)).fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,201 @@
+"""`KafkaEventLog`: the event log on Apache Kafka, through kafka-python 3.
+
+Placement is ours, not the client's: every record is sent to an explicit partition from
+`partition_for`, so a key lands where the embedded log puts it. Everything is read
+`read_committed`, so output of aborted or still-open transactions is never seen.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Iterable, Sequence
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition as KafkaTP
+from kafka import errors as kerr
+
+from pipelines.eventlog.base import (
+    EventLog, EventLogError, GroupConsumer, Message, Record, Tail, TopicSpec, UnknownTopic, partition_for,
+)
+from pipelines.eventlog.kafka_groups import KafkaGroupConsumer, to_record
+
+_TOPIC_ALREADY_EXISTS = kerr.TopicAlreadyExistsError.errno
+_UNKNOWN_TOPIC = kerr.UnknownTopicOrPartitionError.errno
+
+
+class KafkaEventLog(EventLog):
+    """`group_options` go to each group member's `KafkaConsumer` (session and heartbeat
+    timeouts; tests lower them), `producer_options` to every `KafkaProducer`."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str],
+        *,
+        client_id: str = "ledgerlm",
+        timeout_s: float = 30.0,
+        group_options: dict | None = None,
+        producer_options: dict | None = None,
+    ):
+        servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+        self._timeout_s = timeout_s
+        self._client_id = client_id
+        ms = int(timeout_s * 1000)
+        self._common = dict(bootstrap_servers=servers, request_timeout_ms=ms, bootstrap_timeout_ms=ms)
+        self._group_options = dict(group_options or {})
+        self._producer_options = dict(producer_options or {})
+        try:
+            self._admin = KafkaAdminClient(client_id=f"{client_id}-admin", **self._common)
+        except kerr.KafkaError as exc:
+            raise EventLogError(f"cannot reach Kafka at {','.join(servers)}: {exc!r}") from exc
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._partitions: dict[str, int] = {}
+        self._producer: KafkaProducer | None = None
+        self._reader: KafkaConsumer | None = None
+        self._members: set[KafkaGroupConsumer] = set()
+
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        specs = [s for s in specs if s.name not in self._partitions]
+        if not specs:
+            return
+        # retention.ms=-1 spelled out: the broker default (7 days) would silently drop durable topics.
+        wanted = {s.name: {"num_partitions": s.partitions,
+                           "configs": {"retention.ms": str(-1 if s.retention_ms is None else s.retention_ms)}}
+                  for s in specs}
+        result = self._admin.create_topics(wanted, timeout_ms=int(self._timeout_s * 1000), raise_errors=False)
+        for topic in result["topics"]:
+            if topic["error_code"] not in (0, _TOPIC_ALREADY_EXISTS):
+                error = kerr.for_code(topic["error_code"])
+                raise EventLogError(f"creating topic {topic['name']!r} failed: {error.__name__}")
+        self._admin.wait_for_topics(list(wanted), timeout_ms=int(self._timeout_s * 1000))
+        for spec in specs:
+            self.partitions(spec.name)
+
+    def partitions(self, topic: str) -> int:
+        if topic not in self._partitions:
+            (info,) = self._admin.describe_topics([topic])
+            if info["error_code"] == _UNKNOWN_TOPIC:
+                raise UnknownTopic(f"topic {topic!r} does not exist; create it with ensure_topics")
+            if info["error_code"]:
+                raise EventLogError(f"describing {topic!r} failed: {kerr.for_code(info['error_code']).__name__}")
+            # Partition counts only grow in Kafka and we never grow them, so caching is safe.
+            self._partitions[topic] = len(info["partitions"])
+        return self._partitions[topic]
+
+    def place(self, topic: str, message: Message) -> int:
+        """The partition `message` goes to: its own, or its key's."""
+        if message.partition is not None:
+            return self._check(topic, message.partition).partition
+        return partition_for(message.key, self.partitions(topic))
+
+    def _check(self, topic: str, partition: int) -> KafkaTP:
+        n = self.partitions(topic)
+        if not 0 <= partition < n:
+            raise EventLogError(f"topic {topic!r} has {n} partitions; {partition} is out of range")
+        return KafkaTP(topic, partition)
+
+    def producer_config(self, **extra) -> dict:
+        # Every send is followed by a flush, so lingering adds no latency; it only stops the
+        # sender from waking (one syscall) for a one-record batch per send.
+        options = {"linger_ms": 5, **self._producer_options}
+        return dict(self._common, enable_idempotence=True, acks="all", max_block_ms=int(self._timeout_s * 1000),
+                    **options, **extra)
+
+    def consumer_config(self, **extra) -> dict:
+        return dict(self._common, isolation_level="read_committed", enable_auto_commit=False,
+                    auto_offset_reset="earliest", allow_auto_create_topics=False, **extra)
+
+    def append(self, topic: str, messages: Sequence[Message]) -> list[Record]:
+        if not messages:
+            return []
+        placed = [(self.place(topic, m), m) for m in messages]
+        with self._lock:
+            if self._producer is None:
+                self._producer = KafkaProducer(**self.producer_config(client_id=self._client_id))
+            producer = self._producer
+        stamp = time.time_ns() // 1_000_000
+        futures = [producer.send(topic, key=m.key.encode(), value=bytes(m.value), partition=p, timestamp_ms=stamp)
+                   for p, m in placed]
+        producer.flush(timeout=self._timeout_s)
+        records = []
+        for future, (partition, message) in zip(futures, placed):
+            meta = future.get(timeout=self._timeout_s)
+            records.append(Record(topic, partition, meta.offset, message.key, bytes(message.value),
+                                  meta.timestamp if meta.timestamp >= 0 else stamp))
+        return records
+
+    def _reader_for(self, tp: KafkaTP) -> KafkaConsumer:
+        if self._reader is None:
+            # A short fetch wait: a fetch at a stale position otherwise holds a read up for 500 ms.
+            self._reader = KafkaConsumer(**self.consumer_config(client_id=f"{self._client_id}-reader",
+                                                                fetch_max_wait_ms=100))
+        if self._reader.assignment() != {tp}:
+            self._reader.assign([tp])
+        return self._reader
+
+    def read(
+        self, topic: str, partition: int, offset: int, *, max_records: int = 500, timeout_s: float = 0.0
+    ) -> list[Record]:
+        tp = self._check(topic, partition)
+        start = time.monotonic()
+        deadline = start + max(0.0, timeout_s)
+        with self._read_lock:
+            reader = self._reader_for(tp)
+            end = self._end(reader, tp)
+            if end > offset:
+                # Committed records are there; a fetch round trip may take longer than the caller's wait.
+                deadline = max(deadline, start + self._timeout_s)
+            reader.seek(tp, offset)
+            while True:
+                # Short slices: a poll over only aborted records would otherwise sit out the whole wait.
+                left_s = max(0.0, min(deadline - time.monotonic(), 0.2))
+                batch = reader.poll(timeout_ms=int(left_s * 1000), max_records=max_records).get(tp, [])
+                if batch:
+                    return [to_record(r) for r in batch]
+                if time.monotonic() >= deadline:
+                    return []
+                if end > offset and reader.position(tp, timeout_ms=int(self._timeout_s * 1000)) >= end:
+                    # Only aborted records or transaction markers were there: back to the caller's wait.
+                    deadline, end = start + max(0.0, timeout_s), offset
+
+    def _end(self, reader: KafkaConsumer, tp: KafkaTP) -> int:
+        return reader.end_offsets([tp], timeout_ms=int(self._timeout_s * 1000))[tp]
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The last stable offset (`read_committed`): the end of the log when no transaction
+        is open on that partition, otherwise the first offset of the oldest open one.
+
+        Transactions leave a marker after their records, so offsets written by
+        `commit_with` are not dense; `append` (no transaction) gives dense offsets.
+        """
+        tp = self._check(topic, partition)
+        with self._read_lock:
+            return self._end(self._reader_for(tp), tp)
+
+    def low_offset(self, topic: str, partition: int) -> int:
+        """The first offset still stored; reads below it start there."""
+        tp = self._check(topic, partition)
+        with self._read_lock:
+            reader = self._reader_for(tp)
+            return reader.beginning_offsets([tp], timeout_ms=int(self._timeout_s * 1000))[tp]
+
+    def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
+        from pipelines.eventlog.kafka_tail import KafkaTail  # one consumer long-polling every partition
+
+        return KafkaTail(self, topic, offsets)
+
+    def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
+        member = KafkaGroupConsumer(self, group, list(topics), member_id or uuid.uuid4().hex,
+                                    client_id=self._client_id, group_options=self._group_options,
+                                    timeout_s=self._timeout_s, on_close=self._members.discard)
+        self._members.add(member)
+        return member
+
+    def close(self) -> None:
+        for member in list(self._members):
+            member.close()
+        if self._reader is not None:
+            self._reader.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))
+        if self._producer is not None:
+            self._producer.close(timeout=self._timeout_s)
+        self._admin.close()

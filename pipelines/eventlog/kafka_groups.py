@@ -1,0 +1,250 @@
+"""A Kafka consumer-group member whose `commit_with` is one Kafka transaction.
+
+Each member has its own transactional producer, `transactional_id = f"{group}-{member_id}"`,
+so a member restarted under the same id aborts whatever its previous life left open.
+Offsets go into the transaction with the consumer's group metadata (KIP-447), so the
+broker refuses a commit from a member that a rebalance has replaced.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata
+from kafka import TopicPartition as KafkaTP
+from kafka import errors as kerr
+from kafka.structs import MemberState
+
+from pipelines.eventlog.base import EventLogError, Fenced, GroupConsumer, Message, Record, TopicPartition
+
+if TYPE_CHECKING:
+    from pipelines.eventlog.kafka import KafkaEventLog
+
+logger = logging.getLogger(__name__)
+
+# The member or its producer was replaced: nothing it commits may count.
+FENCING_ERRORS = (
+    kerr.CommitFailedError, kerr.IllegalGenerationError, kerr.UnknownMemberIdError, kerr.RebalanceInProgressError,
+    kerr.FencedInstanceIdError, kerr.ProducerFencedError, kerr.InvalidProducerEpochError,
+)
+ZOMBIE_ERRORS = (kerr.ProducerFencedError, kerr.InvalidProducerEpochError)
+
+
+def to_record(r) -> Record:
+    return Record(r.topic, r.partition, r.offset, None if r.key is None else r.key.decode(), r.value, r.timestamp)
+
+
+def run_txn_step(producer: KafkaProducer, step: str, *args, timeout_s: float) -> None:
+    """One transaction step with a deadline. kafka-python 3.0's public `commit_transaction`,
+    `abort_transaction` and `send_offsets_to_transaction` wait forever; these are their
+    bodies (TransactionManager call, sender wakeup, wait) with a bound on the wait."""
+    result = getattr(producer._transaction_manager, step)(*args)
+    producer._sender.wakeup()
+    if not result.wait(timeout_ms=timeout_s * 1000):
+        raise kerr.KafkaTimeoutError(f"transaction step {step} did not finish in {timeout_s}s")
+
+
+class _Revocations(ConsumerRebalanceListener):
+    def __init__(self, member: "KafkaGroupConsumer"):
+        self._member = member
+
+    def on_partitions_revoked(self, revoked):
+        self._member._revoked(revoked)
+
+    def on_partitions_assigned(self, assigned):
+        pass
+
+
+class KafkaGroupConsumer(GroupConsumer):
+    """Use from one thread (kafka-python consumers are not thread safe)."""
+
+    def __init__(self, log: "KafkaEventLog", group: str, topics: list[str], member_id: str, *, client_id: str,
+                 group_options: dict, timeout_s: float, on_close: Callable[["KafkaGroupConsumer"], None]):
+        self._log = log
+        self._group = group
+        self.member_id = member_id
+        self._timeout_s = timeout_s
+        self._on_close = on_close
+        self._consumer = KafkaConsumer(**log.consumer_config(group_id=group, client_id=f"{client_id}-{member_id}",
+                                                             **group_options))
+        self._consumer.subscribe(topics=topics, listener=_Revocations(self))
+        # What kafka-python itself allows a JoinGroup round trip: the broker's rebalance timeout plus slack.
+        self._join_timeout_ms = self._consumer.config["max_poll_interval_ms"] + 5000
+        self._producer: KafkaProducer | None = None
+        self._positions: dict[KafkaTP, int] = {}  # handed out by poll, not yet committed
+        self._polled_under = None  # group metadata when the first of those was handed out
+        self._stale = False  # records were handed out from partitions a rebalance took away
+        self._zombie = False  # a newer producer with our transactional id exists
+        self._closed = False
+
+    def _revoked(self, revoked) -> None:
+        if any(tp in self._positions for tp in revoked):
+            self._stale = True
+        for tp in revoked:
+            self._positions.pop(tp, None)
+
+    def _ensure_joined(self) -> None:
+        """Awaits a pending group (re)join, up to the rebalance timeout, before polling.
+
+        kafka-python 3.0.12 drops a join that completes after a short `poll` stopped waiting
+        for it: the member never applies its assignment and stops heartbeating, so it sits out
+        of the group for good. So no join is left to a short poll; a member whose last join
+        was dropped that way (rebalancing, yet no rejoin pending) is told to join again.
+        """
+        coordinator = self._consumer._coordinator
+        stable = self._consumer.group_metadata().state == MemberState.STABLE
+        if stable and not coordinator.need_rejoin():
+            return
+        if not stable and not coordinator.need_rejoin():
+            coordinator.request_rejoin()
+        coordinator.ensure_active_group(timeout_ms=self._join_timeout_ms)
+
+    def poll(self, *, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Waits up to `timeout_s` for records; a rebalance in progress is waited out first."""
+        self._ensure_joined()
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        records = []
+        for tp, batch in batches.items():
+            if not batch:
+                continue
+            if not self._positions:
+                self._polled_under = self._consumer.group_metadata()
+            records += [to_record(r) for r in batch]
+            self._positions[tp] = batch[-1].offset + 1
+        return records
+
+    def _membership(self):
+        """The group metadata the pending positions were read under, if it still holds."""
+        if self._zombie:
+            self._fence("a newer instance with this member id took over")
+        if self._stale:
+            self._fence("records were polled before a rebalance")
+        current = self._consumer.group_metadata()
+        under = self._polled_under if self._positions else current
+        # Leaving the group (poll interval exceeded) resets the generation to -1, and the
+        # broker checks nothing for -1: refuse here, or a zombie's offsets would count.
+        if under.generation_id < 0 or (current.generation_id, current.member_id) != (under.generation_id,
+                                                                                     under.member_id):
+            self._fence(f"generation {under.generation_id} is over (now {current.generation_id})")
+        return under
+
+    def _offsets(self, chosen: dict[KafkaTP, int] | None = None) -> dict[KafkaTP, OffsetAndMetadata]:
+        return {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in (self._positions if chosen is None else chosen).items()}
+
+    def commit(self) -> None:
+        if not self._positions and not self._stale:
+            return
+        self._membership()
+        try:
+            self._consumer.commit(self._offsets(), timeout_ms=int(self._timeout_s * 1000))
+        except FENCING_ERRORS as exc:
+            self._fence(repr(exc), exc)
+        self._positions = {}
+
+    def commit_with(self, outputs: Sequence[tuple[str, Message]], *,
+                    offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        chosen = None if offsets is None else {KafkaTP(t, p): o for (t, p), o in offsets.items()}
+        if not outputs and not (self._positions if chosen is None else chosen) and not self._stale:
+            return
+        membership = self._membership()
+        producer = self._transactional_producer()
+        try:
+            producer.begin_transaction()
+            futures = [producer.send(topic, key=m.key.encode(), value=bytes(m.value),
+                                     partition=self._log.place(topic, m)) for topic, m in outputs]
+            producer.flush(timeout=self._timeout_s)
+            written = [future.get(timeout=self._timeout_s) for future in futures]
+            if self._positions if chosen is None else chosen:
+                run_txn_step(producer, "send_offsets_to_transaction", self._offsets(chosen), membership,
+                             timeout_s=self._timeout_s)
+            run_txn_step(producer, "begin_commit", timeout_s=self._timeout_s)
+        except BaseException as exc:
+            self._abort(producer, exc)
+            if isinstance(exc, FENCING_ERRORS):
+                self._fence(repr(exc), exc)
+            if isinstance(exc, kerr.KafkaError):
+                raise EventLogError(f"commit_with of {self.member_id} failed and was aborted: {exc!r}") from exc
+            raise
+        self._positions = {} if chosen is None else {
+            tp: pos for tp, pos in self._positions.items() if pos > chosen.get(tp, -1)}
+        self._await_visible(written)
+
+    def _await_visible(self, written) -> None:
+        """Waits until `read_committed` readers see the outputs, so a reader that starts
+        after `commit_with` returns finds them. Commit markers are written after the
+        broker answers the commit, usually within milliseconds."""
+        last: dict[KafkaTP, int] = {}
+        for meta in written:
+            last[meta.topic_partition] = max(meta.offset, last.get(meta.topic_partition, -1))
+        deadline = time.monotonic() + self._timeout_s
+        while last:
+            ends = self._consumer.end_offsets(list(last), timeout_ms=int(self._timeout_s * 1000))
+            last = {tp: offset for tp, offset in last.items() if ends[tp] <= offset}
+            if last and time.monotonic() >= deadline:
+                logger.warning("outputs of %s committed but not yet visible after %ss: %s",
+                               self.member_id, self._timeout_s, sorted(last))
+                return
+            if last:
+                time.sleep(0.005)
+
+    def _transactional_producer(self) -> KafkaProducer:
+        if self._producer is None:
+            producer = KafkaProducer(**self._log.producer_config(
+                client_id=f"{self._consumer.config['client_id']}-txn",
+                transactional_id=f"{self._group}-{self.member_id}"))
+            try:
+                # Fences any older producer with this id and aborts what it left open.
+                producer.init_transactions()
+            except BaseException:
+                producer.close(timeout=0)
+                raise
+            self._producer = producer
+        return self._producer
+
+    def _abort(self, producer: KafkaProducer, cause: BaseException) -> None:
+        if isinstance(cause, ZOMBIE_ERRORS):
+            self._zombie = True
+        try:
+            run_txn_step(producer, "begin_abort", timeout_s=self._timeout_s)
+        except Exception as exc:
+            # A producer that cannot abort is dropped; the next one's init_transactions
+            # aborts the open transaction (or the zombie flag stops us from making one).
+            logger.info("dropping transactional producer of %s after %r (abort failed: %r)", self.member_id, cause, exc)
+            self._producer = None
+            producer.close(timeout=0)
+
+    def _fence(self, why: str, cause: BaseException | None = None) -> None:
+        try:
+            self.seek_to_committed()
+        except kerr.KafkaError as exc:
+            logger.info("seek after fencing %s failed: %r; the next poll rejoins", self.member_id, exc)
+        raise Fenced(f"{self.member_id} in {self._group!r}: {why}; nothing was committed") from cause
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        return self._consumer.committed(KafkaTP(topic, partition), timeout_ms=int(self._timeout_s * 1000))
+
+    def seek_to_committed(self) -> None:
+        self._stale = False
+        self._positions = {}
+        self._polled_under = None
+        for tp in self._consumer.assignment():
+            offset = self._consumer.committed(tp, timeout_ms=int(self._timeout_s * 1000))
+            if offset is None:
+                self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, offset)
+
+    def assignment(self) -> set[TopicPartition]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._producer is not None:
+                self._producer.close(timeout=self._timeout_s)
+            self._consumer.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))
+        finally:
+            self._on_close(self)
