@@ -14,15 +14,17 @@ from datetime import datetime, timedelta
 from models.events import Envelope
 from models.events_batch import BatchChunkQueued, BatchUsageSettled
 
-WINDOW = timedelta(days=1)
+DEFAULT_WINDOW = timedelta(days=1)
+MAX_WINDOW = timedelta(days=7)  # settled usage older than this is forgotten
 
 
 @dataclass(frozen=True)
 class BatchLimits:
-    """None means unlimited."""
+    """None means unlimited. Counted over a sliding `window`."""
 
-    tokens_per_day: int | None = None
-    spend_per_day_micros: int | None = None
+    tokens_per_window: int | None = None
+    spend_per_window_micros: int | None = None
+    window: timedelta = DEFAULT_WINDOW
 
 
 @dataclass
@@ -44,19 +46,20 @@ class TenantBatchBudget:
             tokens, cost_micros = min(tokens, reserved[0]), min(cost_micros, reserved[1])
         self.used.append((when, tokens, cost_micros))
 
-    def committed(self, now: datetime) -> tuple[int, int]:
+    def committed(self, now: datetime, window: timedelta = DEFAULT_WINDOW) -> tuple[int, int]:
         """Tokens and cost counted against the limits now: open reservations plus what
         was used within the window."""
-        self.used = [u for u in self.used if u[0] > now - WINDOW]
-        tokens = sum(t for t, _ in self.open.values()) + sum(u[1] for u in self.used)
-        cost = sum(c for _, c in self.open.values()) + sum(u[2] for u in self.used)
+        self.used = [u for u in self.used if u[0] > now - MAX_WINDOW]
+        recent = [u for u in self.used if u[0] > now - window]
+        tokens = sum(t for t, _ in self.open.values()) + sum(u[1] for u in recent)
+        cost = sum(c for _, c in self.open.values()) + sum(u[2] for u in recent)
         return tokens, cost
 
     def fits(self, limits: BatchLimits, tokens: int, cost_micros: int, now: datetime) -> bool:
-        held_tokens, held_cost = self.committed(now)
-        if limits.tokens_per_day is not None and held_tokens + tokens > limits.tokens_per_day:
+        held_tokens, held_cost = self.committed(now, limits.window)
+        if limits.tokens_per_window is not None and held_tokens + tokens > limits.tokens_per_window:
             return False
-        if limits.spend_per_day_micros is not None and held_cost + cost_micros > limits.spend_per_day_micros:
+        if limits.spend_per_window_micros is not None and held_cost + cost_micros > limits.spend_per_window_micros:
             return False
         return True
 

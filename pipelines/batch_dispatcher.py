@@ -23,6 +23,7 @@ from models import topics
 from models.batch import BatchBook
 from models.batch_budget import BatchLimits, BudgetBook
 from models.events import Envelope, EventDecodeError, decode, new_event
+from models.registry import Registry
 from models.settings import Settings
 from pipelines.admin import RegistryView
 from pipelines.batch_queue import ChunkQueue
@@ -35,11 +36,18 @@ logger = logging.getLogger(__name__)
 TOPIC = topics.BATCHES
 
 
-def limits_from_settings(settings: Settings) -> Callable[[str], BatchLimits]:
-    """Every tenant's batch limits. One place to read per-tenant limits from once the
-    registry carries them; until then the platform-wide settings apply."""
-    limits = BatchLimits(settings.batch_tokens_per_day, settings.batch_spend_per_day_micros)
-    return lambda tenant_id: limits
+def limits_from_settings(settings: Settings) -> Callable[[str, Registry], BatchLimits]:
+    """A tenant's batch limits: its own `batch_tokens_per_window` (TenantLimitsChanged)
+    over its window when set, else the platform-wide daily defaults from settings."""
+    default = BatchLimits(settings.batch_tokens_per_day, settings.batch_spend_per_day_micros)
+
+    def limits_for(tenant_id: str, registry: Registry) -> BatchLimits:
+        own = registry.limits_for(tenant_id)
+        if own.batch_tokens_per_window is None:
+            return default
+        return BatchLimits(own.batch_tokens_per_window, default.spend_per_window_micros, own.window)
+
+    return limits_for
 
 
 def options_from_settings(settings: Settings) -> DispatchOptions:
@@ -52,7 +60,7 @@ class BatchDispatcher:
     GROUP = "ledgerlm-batch-dispatcher"
 
     def __init__(self, log: EventLog, registry_view: RegistryView, store: ObjectStore, queue: ChunkQueue, *,
-                 options: DispatchOptions, limits_for: Callable[[str], BatchLimits],
+                 options: DispatchOptions, limits_for: Callable[[str, Registry], BatchLimits],
                  member_id: str | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
         self._log, self._registry_view, self._clock = log, registry_view, clock
         self._consumer = log.consumer(self.GROUP, [TOPIC.name], member_id=member_id)

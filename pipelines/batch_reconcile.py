@@ -60,7 +60,8 @@ def reservation_id(batch_id: str, chunk_index: int) -> str:
 
 class Reconciler:
     def __init__(self, *, store: ObjectStore, queue: ChunkQueue, options: DispatchOptions,
-                 budget_of: Callable[[str], TenantBatchBudget], limits_for: Callable[[str], BatchLimits]):
+                 budget_of: Callable[[str], TenantBatchBudget],
+                 limits_for: Callable[[str, Registry], BatchLimits]):
         self.store, self.queue, self.options = store, queue, options
         self.budget_of, self.limits_for = budget_of, limits_for
         self._stopped: set[tuple[str, str]] = set()  # stop markers written by this process
@@ -145,7 +146,7 @@ class Reconciler:
             released_cost_micros=chunk.reserved_cost_micros - used_cost)
 
     def _queue_chunks(self, batch: BatchState, emit: Callable, registry: Registry, now: datetime) -> None:
-        budget, limits = self.budget_of(batch.tenant_id), self.limits_for(batch.tenant_id)
+        budget, limits = self.budget_of(batch.tenant_id), self.limits_for(batch.tenant_id, registry)
         revision = registry.revisions.get(batch.model_revision or "")
         if revision is None:
             return  # the revision's approval is not in this registry yet; the next pass sees it

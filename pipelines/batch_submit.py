@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 from models import batch_keys as keys
 from models import topics
-from models.batch import BatchState, FileState
-from models.events import Payload, new_event
+from models.batch import BatchBook, BatchState, FileState
+from models.events import Envelope, Payload, new_event
 from models.events_batch import BatchCancelRequested, BatchSubmitted, FileUploaded, SummarizationSpec
 from models.registry import Principal, Registry
 from models.summarization import PlanError, Shape
@@ -32,8 +32,16 @@ SNIFF_BYTES = 64 * 1024
 WINDOW = timedelta(hours=24)
 
 
-def _append(log: EventLog, principal: Principal, correlation_id: str, payload: Payload) -> None:
-    publish(log, topics.BATCHES, [new_event(payload, tenant_id=principal.tenant_id, correlation_id=correlation_id)])
+def _append(log: EventLog, principal: Principal, correlation_id: str, payload: Payload) -> Envelope:
+    env = new_event(payload, tenant_id=principal.tenant_id, correlation_id=correlation_id)
+    publish(log, topics.BATCHES, [env])
+    return env
+
+
+def _as_submitted(env: Envelope) -> BatchState:
+    """The batch as its submission made it (the answer to a create, as OpenAI gives it:
+    'validating'), however far the dispatcher got meanwhile."""
+    return BatchBook().apply(env)
 
 
 def sniff_format(head: bytes, filename: str = "") -> str | None:
@@ -43,7 +51,10 @@ def sniff_format(head: bytes, filename: str = "") -> str | None:
     text = head.decode("utf-8", errors="replace")
     if "\ufffd" in text[:-4] or "\x00" in text:  # a cut multi-byte character at the end is fine
         return None
-    for line in text.splitlines()[:-1] or text.splitlines():
+    lines = text.splitlines()
+    if len(lines) > 1 and not text.endswith("\n"):
+        lines.pop()  # cut off by the sniffing limit
+    for line in lines:
         try:
             if isinstance(json.loads(line), dict):
                 return "jsonl"
@@ -120,11 +131,10 @@ def submit_batch(cmd: SubmitBatch, *, principal: Principal, view: BatchView, sto
         if sniff_format(f.read(SNIFF_BYTES)) != "jsonl":
             raise SubmissionError(400, "invalid_file_format", f"file {file.file_id} is not JSONL", "input_file_id")
     batch_id = "batch_" + uuid.uuid4().hex[:24]
-    _append(log, principal, batch_id, BatchSubmitted(
+    return _as_submitted(_append(log, principal, batch_id, BatchSubmitted(
         batch_id=batch_id, endpoint=cmd.endpoint, input_file_id=file.file_id, input_key=file.object_key,
         expires_at=datetime.now(timezone.utc) + WINDOW, metadata=metadata,
-        application_id=principal.application_id, key_id=principal.key_id))
-    return view.batch(principal.tenant_id, batch_id)
+        application_id=principal.application_id, key_id=principal.key_id)))
 
 
 @dataclass(frozen=True)
@@ -188,11 +198,10 @@ def submit_summarization(cmd: SubmitSummarization, *, principal: Principal, regi
                              template_sha256=hashlib.sha256(cmd.prompt_template.encode()).hexdigest(),
                              max_output_tokens=cmd.max_output_tokens, temperature=cmd.temperature,
                              output_prefix=keys.summarization_prefix(principal.tenant_id, batch_id))
-    _append(log, principal, batch_id, BatchSubmitted(
+    return _as_submitted(_append(log, principal, batch_id, BatchSubmitted(
         batch_id=batch_id, endpoint="/v1/summarizations", input_file_id=file_id, input_key=input_key,
         expires_at=datetime.now(timezone.utc) + WINDOW, metadata=metadata, application_id=principal.application_id,
-        key_id=principal.key_id, model_alias=cmd.model, summarization=spec))
-    return view.batch(principal.tenant_id, batch_id)
+        key_id=principal.key_id, model_alias=cmd.model, summarization=spec)))
 
 
 def cancel_batch(batch_id: str, *, principal: Principal, view: BatchView, log: EventLog,

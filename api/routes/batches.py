@@ -48,7 +48,7 @@ def get_batch(batch_id: str, principal: BatchDep, bsvc: BatchServicesDep):
 @router.get("/v1/batches")
 def list_batches(principal: BatchDep, bsvc: BatchServicesDep, after: str | None = None,
                  limit: int = Query(default=20, ge=1, le=100)):
-    batches = [b for b in bsvc.view.refresh().for_tenant(principal.tenant_id) if b.summarization is None]
+    batches = [b for b in bsvc.view.batches_of(principal.tenant_id) if b.summarization is None]
     return page(batches, batch_object, after=after, limit=limit)
 
 

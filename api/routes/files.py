@@ -51,8 +51,7 @@ def _own_file(bsvc, principal, file_id: str):
 @router.get("/v1/files")
 def list_files(principal: BatchDep, bsvc: BatchServicesDep, purpose: str | None = None,
                after: str | None = None, limit: int = Query(default=100, ge=1, le=10_000)):
-    files = [f for (t, _), f in bsvc.view.refresh().files.items()
-             if t == principal.tenant_id and (purpose is None or f.purpose == purpose)]
+    files = [f for f in bsvc.view.files_of(principal.tenant_id) if purpose is None or f.purpose == purpose]
     return page(files, file_object, after=after, limit=limit)
 
 

@@ -59,7 +59,7 @@ def get_summarization(job_id: str, principal: BatchDep, bsvc: BatchServicesDep):
 @router.get("/v1/summarizations")
 def list_summarizations(principal: BatchDep, bsvc: BatchServicesDep, after: str | None = None,
                         limit: int = Query(default=20, ge=1, le=100)):
-    jobs = [b for b in bsvc.view.refresh().for_tenant(principal.tenant_id) if b.summarization is not None]
+    jobs = [b for b in bsvc.view.batches_of(principal.tenant_id) if b.summarization is not None]
     return page(jobs, lambda b: summarization_object(b, bsvc.store), after=after, limit=limit)
 
 

@@ -1,0 +1,246 @@
+"""Pytest plugin: the batch platform on real services, once per event-log adapter.
+
+    API (uvicorn, in this process)  ─┐
+    batch dispatcher (a thread)      ├─ event log: embedded SQLite file, or real Kafka
+    Celery batch worker (a process:  │  object store: the real S3 server (bucket ledgerlm-test)
+      celery -A workers.batch.celery_app worker -c 1 --pool prefork)
+                                     └─ broker: the real Redis
+
+A missing service variable fails the tests: they exist to run against the real thing.
+Each session gets its own S3 prefix, Celery queue and (on Kafka) topic namespace, so
+concurrent test sessions on the same services never take each other's work.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.deps import Services
+from api.stream_hub import StreamHub
+from models import topics
+from models.events import decode, new_event
+from models.events_admin import TenantLimitsChanged
+from models.settings import Settings
+from pipelines import admin
+from pipelines.admin import RegistryView
+from pipelines.batch_dispatcher import BatchDispatcher, limits_from_settings
+from pipelines.batch_queue import CeleryChunkQueue
+from pipelines.batch_reconcile import DispatchOptions
+from pipelines.bootstrap import topic_specs
+from pipelines.eventlog import open_event_log, partition_for
+from pipelines.eventlog.namespaced import NamespacedEventLog
+from pipelines.objectstore import store_from_settings
+from pipelines.tokencount import TokenCounter
+from tests.conftest import service_url
+from tests.harness import MODEL_ALIAS, Loop, free_port, wait_until
+from workers.vllm_engine import VllmEngineConfig, engine_config_hash
+
+
+CHUNK_SIZE = 4
+WORKER_READY_S = 120
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+def s3_settings() -> dict:
+    endpoint = service_url("s3")
+    for var in ("LEDGERLM_TEST_S3_KEY", "LEDGERLM_TEST_S3_SECRET"):
+        if not os.environ.get(var):
+            pytest.fail(f"{var} is not set: source .local/services.env (or run `make test`)", pytrace=False)
+    bucket = os.environ.get("LEDGERLM_TEST_S3_BUCKET", "ledgerlm-test")
+    return {"object_store_url": f"s3://{bucket}/run-{uuid.uuid4().hex[:12]}", "s3_endpoint_url": endpoint,
+            "s3_key": os.environ["LEDGERLM_TEST_S3_KEY"], "s3_secret": os.environ["LEDGERLM_TEST_S3_SECRET"]}
+
+
+def _env_of(settings: Settings) -> dict[str, str]:
+    names = ("home", "event_log_url", "event_log_namespace", "object_store_url", "s3_endpoint_url", "s3_key",
+             "s3_secret", "celery_broker_url", "batch_queue", "batch_chunk_time_limit_s", "kv_cache_gb",
+             "engine_max_seqs", "max_model_len")
+    return {f"LEDGERLM_{n.upper()}": str(getattr(settings, n)) for n in names if getattr(settings, n) is not None}
+
+
+class CeleryWorker:
+    """`celery worker` as a child process; its own child runs the chunks."""
+
+    def __init__(self, settings: Settings, log_path: Path):
+        env = {**os.environ, **_env_of(settings), "PYTHONUNBUFFERED": "1"}
+        self.log_path = log_path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", settings.batch_queue,
+             "-c", "1", "--pool", "prefork", "-l", "INFO", "-n", f"{settings.batch_queue}@%h",
+             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_until(lambda: "ready." in self.output() or self.proc.poll() is not None, WORKER_READY_S,
+                       interval_s=0.2, what="the Celery worker to be ready")
+            assert self.proc.poll() is None, f"the Celery worker exited:\n{self.output()[-3000:]}"
+        except BaseException:
+            self.stop()
+            raise
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def children(self) -> list[int]:
+        return [c.pid for c in psutil.Process(self.proc.pid).children()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # warm shutdown: the main process stops its child
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@dataclass
+class BatchPlatform:
+    kind: str
+    settings: Settings
+    open_log: object
+    model_revision: str
+    logs: list = field(default_factory=list)
+
+    def start(self) -> "BatchPlatform":
+        self.admin_log = self._log()
+        self.view = RegistryView(self.admin_log)
+        self.store = store_from_settings(self.settings)
+        self.worker = CeleryWorker(self.settings, self.settings.home / "celery-worker.log")
+        queue = CeleryChunkQueue(self.settings.celery_broker_url, self.settings.batch_queue,
+                                 chunk_time_limit_s=self.settings.batch_chunk_time_limit_s)
+        log = self._log()
+        self.dispatcher = BatchDispatcher(
+            log, RegistryView(log), self.store, queue, limits_for=limits_from_settings(self.settings),
+            options=DispatchOptions(chunk_size=CHUNK_SIZE, chunks_in_flight=2, stop_grace_s=30,
+                                    chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
+        self.loop = Loop("batch-dispatcher", lambda: self.dispatcher.run_once(0.05),
+                         lambda: (self.dispatcher.close(), queue.close())).start()
+        api_log = self._log()
+        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
+                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
+        self._server_thread = threading.Thread(target=self.server.run, name="batch-api", daemon=True)
+        self._server_thread.start()
+        wait_until(lambda: self.server.started, 30, what="the API server to start")
+        return self
+
+    def _log(self):
+        log = self.open_log()
+        self.logs.append(log)
+        return log
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tenant(self, scopes: tuple[str, ...] = ("batch",)) -> tuple[str, str]:
+        tenant_id = "t" + uuid.uuid4().hex[:10]
+        admin.create_tenant(self.view, tenant_id=tenant_id, name=tenant_id, actor="tests")
+        secret, _ = admin.issue_key(self.view, tenant_id=tenant_id, actor="tests", scopes=scopes)
+        return tenant_id, secret
+
+    def set_batch_limit(self, tenant_id: str, tokens: int) -> None:
+        env = new_event(TenantLimitsChanged(tenant_id=tenant_id, batch_tokens_per_window=tokens, actor="tests"),
+                        tenant_id=tenant_id, correlation_id=uuid.uuid4().hex)
+        admin._append(self.admin_log, env)  # noqa: SLF001 - no admin command for limits yet
+
+    def openai(self, secret: str):
+        import openai
+
+        return openai.OpenAI(api_key=secret, base_url=self.base_url + "/v1", max_retries=0, timeout=60)
+
+    def http(self, secret: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=60)
+
+    def events(self, tenant_id: str) -> list[tuple[int, object]]:
+        """(offset, envelope) of the tenant's batch events, in log order."""
+        partition = partition_for(tenant_id, self.admin_log.partitions(topics.BATCHES.name))
+        out, offset = [], 0
+        while records := self.admin_log.read(topics.BATCHES.name, partition, offset, max_records=2000):
+            out += [(r.offset, env) for r in records if (env := decode(r.value)).tenant_id == tenant_id]
+            offset = records[-1].offset + 1
+        return out
+
+    def wait_terminal(self, get, timeout_s: float = 240):
+        """Polls `get()` (a batch or summarization) until it ends."""
+        def ended():
+            self.check()
+            job = get()
+            return job if job.status in TERMINAL else None
+        return wait_until(ended, timeout_s, interval_s=0.2, what="the batch to end")
+
+    def check(self) -> None:
+        if self.loop.error is not None:
+            raise AssertionError(f"the dispatcher crashed: {self.loop.error!r}") from self.loop.error
+        if self.worker.proc.poll() is not None:
+            raise AssertionError(f"the Celery worker exited:\n{self.worker.output()[-3000:]}")
+
+    def close(self) -> None:
+        """Stops whatever `start` got to, so a failed start leaves no process behind."""
+        if hasattr(self, "server"):
+            self.server.should_exit = True
+            self._server_thread.join(15)
+        if hasattr(self, "loop"):
+            self.loop.halt()
+        if hasattr(self, "worker"):
+            self.worker.stop()
+        for log in self.logs:
+            log.close()
+        if hasattr(self, "store"):
+            try:
+                self.store.fs.rm(self.store.root, recursive=True)
+            except FileNotFoundError:
+                pass
+
+
+def _log_opener(kind: str, home: Path) -> tuple[dict, object]:
+    if kind == "embedded":
+        url = f"sqlite:///{home / 'eventlog.db'}"
+        first = open_event_log(url)
+        first.ensure_topics(topic_specs())
+        first.close()
+        return {"event_log_url": url}, lambda: open_event_log(url)
+    url, namespace = service_url("kafka"), "b" + uuid.uuid4().hex[:12]
+    first = NamespacedEventLog(open_event_log(url), namespace)
+    first.ensure_topics(topic_specs())
+    first.close()
+    return {"event_log_url": url, "event_log_namespace": namespace}, \
+        lambda: NamespacedEventLog(open_event_log(url), namespace)
+
+
+@pytest.fixture(scope="session", params=["embedded", "kafka"])
+def batch_platform(request, tiny_model_dir, tmp_path_factory):
+    home = tmp_path_factory.mktemp(f"batch-{request.param}")
+    log_settings, opener = _log_opener(request.param, home)
+    settings = Settings(home=home, **log_settings, **s3_settings(), celery_broker_url=service_url("redis"),
+                        batch_queue=f"batch-{uuid.uuid4().hex[:8]}", batch_chunk_time_limit_s=120,
+                        batch_max_file_bytes=1_000_000, kv_cache_gb=0.125, engine_max_seqs=8, max_model_len=512)
+    config = VllmEngineConfig(model=tiny_model_dir, max_model_len=512)
+    config_hash = engine_config_hash(config)
+    plat = BatchPlatform(request.param, settings, opener, f"tiny@{config_hash}")
+    started = time.monotonic()
+    try:
+        plat.start()
+        admin.approve_model(plat.view, alias=MODEL_ALIAS, model_revision=plat.model_revision,
+                            model_path=str(tiny_model_dir), engine_config_hash=config_hash, max_model_len=512,
+                            actor="tests", price_input_per_1k_micros=1000, price_output_per_1k_micros=2000)
+        plat.startup_s = time.monotonic() - started
+        yield plat
+    finally:
+        plat.close()
