@@ -144,6 +144,8 @@ tenant_limits = Table(
     Column("window_seconds", Integer),
     Column("max_input_tokens", Integer),
     Column("max_output_tokens", Integer),
+    Column("batch_tokens_per_window", BigInteger),
+    Column("pool", String(64)),
     Column("changed_at", DateTime(timezone=True), nullable=False),
     Column("changed_by", String(200)),
 )

@@ -10,8 +10,12 @@ what the trusted side says (`expected`) and what is there now (`found`).
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
+from itertools import chain, zip_longest
 from typing import Iterator, Sequence
 
 from sqlalchemy import Connection, Engine, select
@@ -59,24 +63,69 @@ class VerifyReport:
         return self.findings[0] if self.findings else None
 
 
-def _log_records(log: EventLog, topic: str, partition: int) -> Iterator[Record]:
+def _log_pages(log: EventLog, topic: str, partition: int) -> Iterator[list[Record]]:
     offset = 0
     while batch := log.read(topic, partition, offset, max_records=PAGE):
-        yield from batch
+        yield batch
         offset = batch[-1].offset + 1
 
 
-def _trail_rows(conn: Connection, topic: str, partition: int) -> Iterator[tuple]:
-    t = audit_trail.c
-    last = -1
-    while True:
-        rows = conn.execute(select(t.offset, t.seq, t.event_hash, t.link)
-                            .where(t.topic == topic, t.partition == partition, t.offset > last)
-                            .order_by(t.offset).limit(PAGE)).all()
-        yield from rows
-        if len(rows) < PAGE:
-            return
-        last = rows[-1][0]
+def _trail_pages(conn: Connection, topic: str, partition: int) -> Iterator[list[tuple]]:
+    """Pages of (offset, seq, event_hash, link), read through the driver's own cursor:
+    a million rows through the SQLAlchemy row machinery would cost a second or more."""
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    sql = (f'SELECT "offset", seq, event_hash, link FROM audit_trail WHERE topic = {mark} AND "partition" = {mark}'
+           f' AND "offset" > {mark} ORDER BY "offset" LIMIT {PAGE}')
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        last = -1
+        while True:
+            cursor.execute(sql, (topic, partition, last))
+            rows = cursor.fetchall()
+            if rows:
+                yield rows
+            if len(rows) < PAGE:
+                return
+            last = rows[-1][0]
+    finally:
+        cursor.close()
+
+
+def _prefetched(pages: Iterator[list], depth: int = 2) -> Iterator[list]:
+    """Reads the next pages in a thread while this one is hashed: both database drivers
+    release the GIL while they fetch, so reading the log and the trail overlap."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for page in pages:
+                if not put(page):
+                    return
+            put(end)
+        except BaseException as exc:  # handed to the reader, raised there
+            put(exc)
+
+    thread = threading.Thread(target=produce, name="verify-prefetch", daemon=True)
+    thread.start()
+    try:
+        while (item := slots.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _checkpoints(conn: Connection, topic: str, partition: int, verifier: Verifier) -> tuple[dict, list[Finding]]:
@@ -97,8 +146,11 @@ def verify_partition(log: EventLog, conn: Connection, topic: str, partition: int
                      every: int, report: VerifyReport) -> Finding | None:
     signed, bad = _checkpoints(conn, topic, partition, verifier)
     first_bad = min(bad, key=lambda f: f.offset) if bad else None
-    found = _walk(_log_records(log, topic, partition), _trail_rows(conn, topic, partition), signed, every,
-                  topic, partition, report)
+    log_pages = _prefetched(_log_pages(log, topic, partition))
+    trail_pages = _trail_pages(conn, topic, partition)
+    with closing(log_pages), closing(trail_pages):
+        found = _walk(chain.from_iterable(log_pages), chain.from_iterable(trail_pages), signed, every,
+                      topic, partition, report)
     report.checkpoints += len(signed)
     candidates = [f for f in (found, first_bad) if f is not None]
     return min(candidates, key=lambda f: f.offset) if candidates else None
@@ -106,18 +158,21 @@ def verify_partition(log: EventLog, conn: Connection, topic: str, partition: int
 
 def _walk(records: Iterator[Record], rows: Iterator[tuple], signed: dict, every: int, topic: str, partition: int,
           report: VerifyReport) -> Finding | None:
+    """Walks the log and the trail side by side; returns the first disagreement."""
     sha256 = hashlib.sha256
     previous, seq, last_signed = genesis(topic, partition), 0, 0
 
     def finding(offset, kind, expected, found, detail):
         return Finding(topic, partition, offset, kind, expected, found, detail)
 
-    for record in records:
-        row = next(rows, None)
-        if row is None:
-            report.not_in_trail = report.not_in_trail + 1 + sum(1 for _ in records)
+    for record, row in zip_longest(records, rows):
+        if row is None:  # the projector has not chained these yet
+            report.not_in_trail += 1 + sum(1 for _ in records)
             break
         offset, row_seq, row_hash, row_link = row
+        if record is None:
+            return finding(offset, "record_missing", bytes(row_hash).hex(), "no record (end of the log)",
+                           "a chained record is gone from the end of the log")
         if record.offset != offset:
             if record.offset < offset:
                 return finding(record.offset, "record_not_in_trail", f"no record (the trail's next is @{offset})",
@@ -147,11 +202,6 @@ def _walk(records: Iterator[Record], rows: Iterator[tuple], signed: dict, every:
             last_signed = seq
         previous = link
         report.records += 1
-    else:
-        leftover = next(rows, None)
-        if leftover is not None:
-            return finding(leftover[0], "record_missing", bytes(leftover[2]).hex(), "no record (end of the log)",
-                           "a chained record is gone from the end of the log")
     report.unsigned_tail += seq - last_signed
     return None
 

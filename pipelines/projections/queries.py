@@ -14,7 +14,7 @@ from pipelines.projections.generations import utc
 from pipelines.projections.quotas import LIMIT_FIELDS
 
 GroupBy = Literal["day", "model", "application"]
-DEFAULT_WINDOW_S = 3600  # when a tenant's limits name no window
+DEFAULT_WINDOW_S = 3600  # when a tenant's limits name no window; as models.quota (admission)
 
 
 def _conn(db: Engine | Connection):

@@ -2,9 +2,12 @@
 
 Windows are not stored: usage is kept per tenant per minute (by the event's time, never
 the clock), and `queries.tenant_quota` sums the minutes of a window at read time. The
-admission processor decides admission from its own state; this is what the API shows.
+accounting is the admission processor's (`models.quota`): a window holds the open
+reservations in full plus what was settled in it; the rate counts reservations; the
+concurrency counts open reservations. Admission decides from its own state, to the
+second; this is what the API shows, to the minute.
 
-Interactive generations only; batch budgets are the batch processor's to report.
+Interactive generations only; batch budgets are the batch dispatcher's to report.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import add_to, delete_by_keys, insert_new, upsert
 
 LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
-                "window_seconds", "max_input_tokens", "max_output_tokens")
+                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool")
 COUNTERS = ("requests", "tokens", "cost_micros")
 
 
@@ -29,8 +32,7 @@ def minute_of(at: datetime) -> datetime:
 class QuotasProjection(Projection):
     name = "quotas"
     tables = (tenant_limits, quota_usage, open_reservations)
-    handles = frozenset({"TenantLimitsChanged", "GenerationRequested", "BudgetReserved", "UsageSettled",
-                         "ReservationExpired"})
+    handles = frozenset({"TenantLimitsChanged", "BudgetReserved", "UsageSettled", "ReservationExpired"})
 
     def apply(self, conn: Connection, events: list[Event]) -> None:
         usage: dict[tuple, dict] = {}
@@ -51,9 +53,8 @@ class QuotasProjection(Projection):
                 tenant = p.get("tenant_id") or e.tenant_id
                 limits[tenant] = {"tenant_id": tenant, **{f: p.get(f) for f in LIMIT_FIELDS},
                                   "changed_at": e.at(), "changed_by": p.get("actor")}
-            elif e.type == "GenerationRequested":
-                bucket(e)["requests"] += 1
             elif e.type == "BudgetReserved":
+                bucket(e)["requests"] += 1
                 key = (e.tenant_id, p["request_id"])
                 opened[key] = {"tenant_id": key[0], "request_id": key[1], "reservation_id": p.get("reservation_id"),
                                "tokens": p.get("tokens", 0), "cost_micros": p.get("cost_micros", 0),

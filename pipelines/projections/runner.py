@@ -26,6 +26,7 @@ from pipelines.projections.sql import upsert
 logger = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+MIN_SHARE = 16  # records read from a partition per batch, however little it lags
 
 
 class PositionsMoved(RuntimeError):
@@ -108,14 +109,20 @@ class ProjectionRunner:
     # -- one unit of work --------------------------------------------------------------
 
     def _read(self, start: dict[TP, int], ends: dict[TP, int]) -> tuple[list[Record], dict[TP, int]]:
-        """Records from `start` on, up to about `batch_events`, and where each partition got to."""
-        behind = [tp for tp in self.partitions() if ends[tp] > start[tp]]
+        """Records from `start` on, about `batch_events` of them, and where each partition got to.
+
+        Each partition gets a share of the batch in proportion to how far behind it is, so
+        all partitions advance at the same pace: events of one request, spread over the
+        requests, ledger and outcomes topics, then land in the same or adjacent batches.
+        """
+        behind = {tp: ends[tp] - start[tp] for tp in self.partitions() if ends[tp] > start[tp]}
         if not behind:
             return [], {}
-        share = max(100, self.batch_events // len(behind))
+        total = sum(behind.values())
         records: list[Record] = []
         reached: dict[TP, int] = {}
-        for tp in behind:
+        for tp, lag in behind.items():
+            share = max(MIN_SHARE, -(-self.batch_events * lag // total))
             batch = self._log.read(tp[0], tp[1], start[tp], max_records=share)
             # Nothing readable below an end taken before the read: on Kafka that range holds
             # only transaction markers or aborted records, so the position may skip it.
