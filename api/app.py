@@ -8,7 +8,8 @@ from fastapi import FastAPI
 
 from api import errors
 from api.deps import Services
-from api.routes import generations
+from api.body_limit import BodyLimit
+from api.routes import generations, metrics as metrics_routes, openai_compat, streams
 from api.routes import admin as admin_routes, models as model_routes
 from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
@@ -32,12 +33,17 @@ def create_app(services: Services) -> FastAPI:
         try:
             yield
         finally:
+            await services.reaper.aclose()
             services.hub.stop()
 
     app = FastAPI(title="ledgerlm", lifespan=lifespan)
     app.state.services = services
     errors.install(app)
+    app.add_middleware(BodyLimit)
     app.include_router(generations.router)
+    app.include_router(streams.router)
+    app.include_router(openai_compat.router)
+    app.include_router(metrics_routes.router)
     app.include_router(model_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(files.router)

@@ -2,16 +2,19 @@
 from the key, and only from the key."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.disconnect import DisconnectReaper
 from api.errors import ApiError
+from api.metrics import ApiMetrics
 from models.registry import Principal
 from models.settings import Settings
 from pipelines.admin import RegistryView
 from pipelines.eventlog import EventLog
+from pipelines.request_index import RequestIndex
 from pipelines.tokencount import TokenCounter
 
 
@@ -24,6 +27,16 @@ class Services:
     registry_view: RegistryView
     counter: TokenCounter
     hub: object  # api.stream_hub.StreamHub
+    # How long a generation outlives its client's disconnect (a reconnect keeps it).
+    disconnect_grace_s: float = 2.0
+    index: RequestIndex | None = None
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    reaper: DisconnectReaper | None = None
+
+    def __post_init__(self) -> None:
+        self.index = self.index or RequestIndex(self.log)
+        self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,
+                                                      grace_s=self.disconnect_grace_s)
 
 
 def services(request: Request) -> Services:

@@ -2,16 +2,30 @@
 {"error": {"message", "type", "param", "code"}}."""
 from __future__ import annotations
 
+import math
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from models.events_generation import GenerationRejected
+from pipelines.idempotency import IdempotencyKeyInvalid
 from pipelines.submission import SubmissionError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable"}
+          404: "not_found_error", 409: "conflict_error", 410: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
+          504: "timeout_error"}
+
+# Admission's reasons: load and budget are worth retrying later (429); limits are not.
+_REJECTION_STATUS = {"rate": 429, "concurrency": 429, "tokens": 429, "spend": 429,
+                     "input_too_large": 413, "output_too_large": 400, "unknown_model": 404,
+                     "tenant_disabled": 403}
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response could be sent."""
 
 
 class ApiError(Exception):
@@ -19,6 +33,16 @@ class ApiError(Exception):
                  headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.headers = status, message, code, param, headers
+
+
+def rejection_error(rejected: GenerationRejected) -> "ApiError":
+    """The HTTP form of an admission rejection. A deadline that cannot be met is load,
+    so it is a 429 when admission says when to come back, and a 400 otherwise."""
+    status = _REJECTION_STATUS.get(rejected.reason, 429 if rejected.retry_after_ms is not None else 400)
+    headers = None
+    if status == 429:
+        headers = {"Retry-After": str(max(1, math.ceil((rejected.retry_after_ms or 1000) / 1000)))}
+    return ApiError(status, rejected.message, code=rejected.reason, headers=headers)
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
@@ -35,6 +59,14 @@ def install(app: FastAPI) -> None:
     async def _api_error(_: Request, exc: ApiError):
         return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
 
+    @app.exception_handler(IdempotencyKeyInvalid)
+    async def _idempotency_key(_: Request, exc: IdempotencyKeyInvalid):
+        return error_response(400, str(exc), "invalid_idempotency_key", "Idempotency-Key")
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, exc: ClientGone):
+        return Response(status_code=499)  # nobody reads it; nginx's code for the log line
+
     @app.exception_handler(SubmissionError)
     async def _submission(_: Request, exc: SubmissionError):
         return error_response(exc.status, str(exc), exc.code, exc.param)
@@ -42,6 +74,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "string_too_long" and "input" in {str(p) for p in first.get("loc", ())}:
+            return error_response(413, "The input is too large", "input_too_large", "input")
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             return error_response(400, "The request body is not valid JSON", "invalid_json")

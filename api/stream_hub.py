@@ -1,5 +1,10 @@
 """One follower of the stream topic per API process, fanning records out to the
-requests being streamed to clients of this process."""
+requests being streamed to clients of this process.
+
+A record is handed only to subscribers of its request *and* its tenant: request ids
+may be chosen by clients, so two tenants can pick the same one. Records nobody here
+waits for are skipped by their key (the request id) without being decoded.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -16,13 +21,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StreamEvent:
-    offset: int
+    offset: int  # in the request's stream partition: the SSE id
     env: Envelope
 
 
 class Subscription:
-    def __init__(self, hub: "StreamHub", request_id: str, loop: asyncio.AbstractEventLoop):
-        self.request_id = request_id
+    def __init__(self, hub: "StreamHub", tenant_id: str, request_id: str, loop: asyncio.AbstractEventLoop):
+        self.tenant_id, self.request_id = tenant_id, request_id
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self._hub, self._loop = hub, loop
 
@@ -48,15 +53,24 @@ class StreamHub:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tail = None
+        self._positions: dict[int, int] = {}
+        self.partitions = 0
 
     def start(self) -> None:
-        n = self._log.partitions(topics.STREAM.name)
-        self._tail = self._log.tail(topics.STREAM.name, {p: self._log.end_offset(topics.STREAM.name, p) for p in range(n)})
+        self.partitions = self._log.partitions(topics.STREAM.name)
+        ends = {p: self._log.end_offset(topics.STREAM.name, p) for p in range(self.partitions)}
+        self._positions = dict(ends)
+        self._tail = self._log.tail(topics.STREAM.name, ends)
         self._thread = threading.Thread(target=self._run, name="stream-hub", daemon=True)
         self._thread.start()
 
-    def subscribe(self, request_id: str) -> Subscription:
-        sub = Subscription(self, request_id, asyncio.get_running_loop())
+    def position(self, partition: int) -> int:
+        """An offset of `partition` that every record the hub has yet to deliver is at or after:
+        a stream that starts after this call starts at or after it."""
+        return self._positions[partition]
+
+    def subscribe(self, tenant_id: str, request_id: str) -> Subscription:
+        sub = Subscription(self, tenant_id, request_id, asyncio.get_running_loop())
         with self._lock:
             self._subs.setdefault(request_id, []).append(sub)
         return sub
@@ -69,6 +83,10 @@ class StreamHub:
             if not subs:
                 self._subs.pop(sub.request_id, None)
 
+    def subscribers(self, tenant_id: str, request_id: str) -> int:
+        with self._lock:
+            return sum(1 for s in self._subs.get(request_id, ()) if s.tenant_id == tenant_id)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -78,17 +96,22 @@ class StreamHub:
                 self._stop.wait(0.5)
                 continue
             for record in records:
-                with self._lock:
-                    if not self._subs:
-                        continue
-                try:
-                    env = decode(record.value)
-                except EventDecodeError:
-                    continue
-                with self._lock:
-                    subs = list(self._subs.get(env.correlation_id, ()))
-                for sub in subs:
-                    sub.deliver(StreamEvent(record.offset, env))
+                self._deliver(record)
+                self._positions[record.partition] = record.offset + 1
+
+    def _deliver(self, record) -> None:
+        with self._lock:
+            if record.key not in self._subs:
+                return
+        try:
+            env = decode(record.value)
+        except EventDecodeError:
+            return
+        with self._lock:
+            subs = [s for s in self._subs.get(env.correlation_id, ()) if s.tenant_id == env.tenant_id]
+        event = StreamEvent(record.offset, env)
+        for sub in subs:
+            sub.deliver(event)
 
     def stop(self) -> None:
         self._stop.set()

@@ -66,6 +66,10 @@ class GenerationRequested(Payload):
     # Offset of the request's stream partition when it was submitted: its stream starts here.
     stream_offset: int = Field(default=0, ge=0)
     route: str = "generations"
+    # Idempotency-Key (hashed with the tenant) and a hash of route + body; absent (and left
+    # out of the bytes, so older events encode as before) when the client sent no key.
+    idempotency_key_sha256: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    request_sha256: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("CancelRequested")

@@ -26,12 +26,15 @@ class SubmissionError(ValueError):
 class SubmitGeneration:
     request_id: str | None
     model_alias: str
-    prompt: str
-    max_output_tokens: int
+    prompt: str | None  # the text as given, or None when `messages` are to be templated
+    max_output_tokens: int | None  # None: whatever the model's context leaves after the input
     deadline_ms: int | None
     priority: str = "normal"
     sampling: Sampling = Sampling()
     route: str = "generations"
+    messages: tuple[dict, ...] | None = None  # chat messages [{role, content: str}], templated by the model
+    idempotency_key_sha256: str | None = None
+    request_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,37 +42,64 @@ class Submitted:
     request: GenerationRequested
     tenant_id: str
     stream_partition: int
+    request_offset: int  # of the GenerationRequested in the tenant's requests partition
 
 
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
-    default_deadline_ms: int,
+    default_deadline_ms: int, stream_offset: int | None = None,
 ) -> Submitted:
+    """`stream_offset`: a known lower bound of where the request's stream will start in its
+    partition (the API's stream follower has one); the partition's end is read otherwise."""
     revision = registry.resolve_alias(cmd.model_alias, principal.tenant_id)
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
-    input_tokens = counter.count(revision.model_path, cmd.prompt)
-    if input_tokens + cmd.max_output_tokens > revision.max_model_len:
+    prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)
+    input_tokens = counter.count(revision.model_path, prompt)
+    if input_tokens >= revision.max_model_len:
+        raise SubmissionError(413, "context_length_exceeded", f"{input_tokens} input tokens leave no room for "
+                              f"output in this model's context of {revision.max_model_len}", "input")
+    max_output_tokens = cmd.max_output_tokens or _room_for_output(registry, principal.tenant_id, revision,
+                                                                  input_tokens)
+    if input_tokens + max_output_tokens > revision.max_model_len:
         raise SubmissionError(
-            400 if input_tokens < revision.max_model_len else 413, "context_length_exceeded",
-            f"{input_tokens} input tokens + {cmd.max_output_tokens} output tokens exceed this model's "
-            f"context of {revision.max_model_len}", "max_output_tokens")
+            400, "context_length_exceeded",
+            f"{input_tokens} input tokens + {max_output_tokens} output tokens exceed this model's "
+            f"context of {revision.max_model_len}", "max_tokens")
     request_id = cmd.request_id or "gen_" + uuid.uuid4().hex
     deadline_ms = cmd.deadline_ms if cmd.deadline_ms is not None else default_deadline_ms
     deadline_at = datetime.now(timezone.utc) + timedelta(milliseconds=deadline_ms)
     stream_partition = partition_of(log, topics.STREAM, request_id)
-    stream_offset = log.end_offset(topics.STREAM.name, stream_partition)
-    prompt_env = new_event(PromptSubmitted(request_id=request_id, prompt=cmd.prompt),
+    if stream_offset is None:
+        stream_offset = log.end_offset(topics.STREAM.name, stream_partition)
+    prompt_env = new_event(PromptSubmitted(request_id=request_id, prompt=prompt),
                            tenant_id=principal.tenant_id, correlation_id=request_id)
     [prompt_record] = publish(log, topics.PROMPTS, [prompt_env])
     request = GenerationRequested(
         request_id=request_id, application_id=principal.application_id, key_id=principal.key_id,
         model_alias=cmd.model_alias, model_revision=revision.model_revision, input_tokens=input_tokens,
-        input_sha256=hashlib.sha256(cmd.prompt.encode()).hexdigest(), max_output_tokens=cmd.max_output_tokens,
+        input_sha256=hashlib.sha256(prompt.encode()).hexdigest(), max_output_tokens=max_output_tokens,
         deadline_at=deadline_at, priority=cmd.priority, sampling=cmd.sampling,
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
-        stream_offset=stream_offset, route=cmd.route,
+        stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
+        request_sha256=cmd.request_sha256,
     )
-    publish(log, topics.REQUESTS, [new_event(request, tenant_id=principal.tenant_id, correlation_id=request_id,
-                                             causation_id=str(prompt_env.event_id))])
-    return Submitted(request=request, tenant_id=principal.tenant_id, stream_partition=stream_partition)
+    [request_record] = publish(log, topics.REQUESTS, [new_event(
+        request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])
+    return Submitted(request=request, tenant_id=principal.tenant_id, stream_partition=stream_partition,
+                     request_offset=request_record.offset)
+
+
+def _room_for_output(registry: Registry, tenant_id: str, revision, input_tokens: int) -> int:
+    """No max given: what the context leaves, within the tenant's own output limit."""
+    room = revision.max_model_len - input_tokens
+    limit = registry.limits_for(tenant_id).max_output_tokens
+    return min(room, limit) if limit else room
+
+
+def _templated(counter: TokenCounter, model_path: str, messages: tuple[dict, ...]) -> str:
+    try:
+        return counter.chat_prompt(model_path, list(messages))
+    except Exception as exc:  # a template may refuse a message order (e.g. two system messages)
+        raise SubmissionError(400, "invalid_messages", f"The messages cannot be templated for this model: "
+                              f"{type(exc).__name__}", "messages") from None

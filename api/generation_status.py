@@ -1,0 +1,55 @@
+"""A generation's status for its tenant: from this process's request index (fresh, the
+last day or so, read-your-writes) and otherwise from the generations projection (SQL,
+everything, trailing the log by the projector's lag). Both say the same thing: the
+index folds events with the projection's own `merge`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Request
+from sqlalchemy.exc import SQLAlchemyError
+
+from api.deps import Services
+from api.routes.usage import projection_db
+from pipelines.projections.generations import utc
+from pipelines.projections.queries import generation_status
+
+logger = logging.getLogger(__name__)
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
+
+
+def find_status(svc: Services, request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:
+    row = svc.index.status(tenant_id, request_id)
+    if row is not None:
+        status = status_from_row(row)
+    else:
+        status = _from_projection(request, tenant_id, request_id)
+    return None if status is None else {"id": request_id, "object": "generation", **status}
+
+
+def status_from_row(r: dict[str, Any]) -> dict[str, Any]:
+    """The shape `pipelines.projections.queries.generation_status` returns."""
+    return {
+        "request_id": r["request_id"], "status": r["status"], "model_alias": r["model_alias"],
+        "model_revision": r["model_revision"], "application_id": r["application_id"],
+        "finish_reason": r["finish_reason"], "error_code": r["error_code"] or r["reject_reason"],
+        "usage": {"input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
+                  "cost_micros": r["cost_micros"], "settled": r["settled"]},
+        "timings": {"queued_ms": r["queued_ms"], "ttft_ms": r["ttft_ms"], "duration_ms": r["duration_ms"]},
+        "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
+    }
+
+
+def _iso(value) -> str | None:
+    value = utc(value)
+    return None if value is None else value.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _from_projection(request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:
+    try:
+        return generation_status(projection_db(request), tenant_id, request_id)
+    except SQLAlchemyError as exc:  # no projection database here (e.g. no projector deployed)
+        logger.debug("generation status from the projection unavailable: %s", type(exc).__name__)
+        return None

@@ -1,0 +1,192 @@
+"""Starting a generation (or finding the one an idempotent retry means) and waiting for
+its first stream event, so the caller knows the HTTP status before sending anything:
+a rejection by admission becomes a real 429/400/413, never a 200 with an error inside.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+from fastapi import Request
+
+from api.deps import Services
+from api.disconnect import unless_gone
+from api.errors import ApiError, ClientGone, rejection_error
+from api.request_stream import RequestStream, StreamTimeout, low_offset, read_history
+from api.stream_hub import StreamEvent
+from models import topics
+from models.events import new_event
+from models.events_generation import CancelRequested, GenerationRejected
+from models.registry import Principal
+from pipelines import idempotency
+from pipelines.eventlog import partition_for
+from pipelines.request_index import RequestInfo
+from pipelines.routing import publish
+from pipelines.submission import SubmitGeneration, Submitted, submit_generation
+
+
+@dataclass
+class Live:
+    """A generation whose first event is known (and was not a rejection)."""
+
+    stream: RequestStream
+    first: StreamEvent
+    deadline: float  # loop time after which waiting for more is pointless
+    replayed: bool
+
+    @property
+    def request_id(self) -> str:
+        return self.stream.request_id
+
+    async def events(self):
+        yield self.first
+        loop = asyncio.get_running_loop()
+        async for event in self.stream.events(self.deadline - loop.time()):
+            yield event
+
+
+def pool_of(priority: str) -> str:
+    return topics.WORK_BY_PRIORITY.get(priority, topics.WORK_NORMAL).name.rsplit(".", 1)[-1]
+
+
+def _wait_s(svc: Services, deadline_at: datetime | None) -> float:
+    """Until the deadline, plus the grace after which admission expires a lost request."""
+    if deadline_at is None:
+        left = svc.settings.default_deadline_ms / 1000
+    else:
+        left = (deadline_at - datetime.now(timezone.utc)).total_seconds()
+    return max(0.0, left) + svc.settings.grace_s + 1.0
+
+
+def _conflict() -> ApiError:
+    return ApiError(409, "This Idempotency-Key was already used with a different request body",
+                    code="idempotency_key_reused", param="Idempotency-Key")
+
+
+async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
+                           body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
+    t0 = time.monotonic()
+    tenant_id, now = principal.tenant_id, datetime.now(timezone.utc)
+    if idempotency_key is not None:
+        key_sha = idempotency.key_sha256(tenant_id, idempotency.validate_key(idempotency_key))
+        body_sha = idempotency.request_sha256(cmd.route, body)
+        claim = await asyncio.to_thread(svc.index.claim, tenant_id, key_sha)
+        decision = idempotency.decide(claim, body_sha, now)
+        if decision is idempotency.Decision.CONFLICT:
+            raise _conflict()
+        if decision is idempotency.Decision.REPLAY:
+            return await replay_generation(svc, tenant_id, claim.request_id, request=request)
+        cmd = replace(cmd, idempotency_key_sha256=key_sha, request_sha256=body_sha, request_id=cmd.request_id
+                      or idempotency.keyed_request_id(id_prefix, tenant_id, idempotency_key, now))
+    elif cmd.request_id is not None and await asyncio.to_thread(svc.index.request, tenant_id, cmd.request_id):
+        raise ApiError(409, f"A generation with request_id '{cmd.request_id}' already exists",
+                       code="request_id_in_use", param="request_id")
+    cmd = cmd if cmd.request_id else replace(cmd, request_id=id_prefix + uuid.uuid4().hex)
+
+    hub = svc.hub
+    start = hub.position(partition_for(cmd.request_id, hub.partitions))
+    sub = hub.subscribe(tenant_id, cmd.request_id)  # before submitting: no event can slip past
+    tracker = svc.metrics.track(tenant_id, pool_of(cmd.priority), t0)
+    stream = RequestStream(sub, after=start - 1, on_event=tracker.on_event, on_close=tracker.close)
+    try:
+        submitted = await asyncio.to_thread(
+            submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
+            counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start)
+        if cmd.idempotency_key_sha256 is not None:
+            other = await _settle_key_race(svc, stream, submitted)
+            if other is not None:
+                stream.close()
+                return await replay_generation(svc, tenant_id, other, request=request)
+        wait_s = _wait_s(svc, submitted.request.deadline_at)
+        first = await unless_gone(stream.next(wait_s), request)
+    except ClientGone:
+        svc.reaper.client_gone(stream)
+        raise
+    except StreamTimeout:
+        svc.reaper.client_gone(stream)  # nobody will wait for it any more
+        raise ApiError(504, "The generation did not start before its deadline", code="timeout") from None
+    except BaseException:
+        stream.close()
+        raise
+    return _admitted(stream, first, wait_s, replayed=False)
+
+
+async def _settle_key_race(svc: Services, stream: RequestStream, submitted: Submitted) -> str | None:
+    """After a keyed submission: whether another request claimed the key first (another
+    replica, or a retry racing its original). Returns the id to replay instead, if any."""
+    req = submitted.request
+    claim = await asyncio.to_thread(svc.index.claim, submitted.tenant_id, req.idempotency_key_sha256,
+                                    up_to=submitted.request_offset)
+    if claim is None or claim.offset == submitted.request_offset:
+        return None  # ours is the claim
+    if claim.request_id != req.request_id:
+        # Not the same id (the race straddled midnight UTC): ours would run too, so stop it.
+        env = new_event(CancelRequested(request_id=req.request_id, reason="client"),
+                        tenant_id=submitted.tenant_id, correlation_id=req.request_id)
+        await asyncio.to_thread(publish, svc.log, topics.REQUESTS, [env])
+    if claim.request_sha256 != req.request_sha256:
+        raise _conflict()
+    if claim.request_id != req.request_id:
+        return claim.request_id
+    # Same id: admission decides it once, by the first request; its stream may have begun
+    # before ours was submitted, so read it from where that one put it.
+    info = await asyncio.to_thread(svc.index.request, submitted.tenant_id, req.request_id)
+    start = min(info.stream_offset, stream.after + 1)
+    stream.after = start - 1
+    stream.add_history(await asyncio.to_thread(read_history, svc.log, submitted.tenant_id, req.request_id,
+                                               submitted.stream_partition, start))
+    return None
+
+
+def _admitted(stream: RequestStream, first: StreamEvent, wait_s: float, *, replayed: bool) -> Live:
+    if isinstance(first.env.payload, GenerationRejected):
+        stream.close()
+        raise rejection_error(first.env.payload)
+    return Live(stream, first, asyncio.get_running_loop().time() + wait_s, replayed)
+
+
+async def replay_generation(svc: Services, tenant_id: str, request_id: str, *, request: Request) -> Live:
+    """An existing generation from the start of its retained stream (an idempotent retry)."""
+    info = await asyncio.to_thread(svc.index.request, tenant_id, request_id)
+    if info is None:
+        raise ApiError(404, f"No generation '{request_id}'", code="not_found")
+    stream = await open_stream(svc, info, after=None)
+    wait_s = _wait_s(svc, info.deadline_at)
+    try:
+        first = await unless_gone(stream.next(wait_s), request)
+    except ClientGone:
+        svc.reaper.client_gone(stream)
+        raise
+    except BaseException:
+        stream.close()
+        raise
+    return _admitted(stream, first, wait_s, replayed=True)
+
+
+async def open_stream(svc: Services, info: RequestInfo, *, after: int | None) -> RequestStream:
+    """The generation's stream from its start (`after` None) or after the offset `after`,
+    history first, then live. 410 when the stream topic no longer holds that part."""
+    partition = partition_for(info.request_id, svc.hub.partitions)
+    sub = svc.hub.subscribe(info.tenant_id, info.request_id)
+    start = info.stream_offset
+    low = low_offset(svc.log, partition)
+    if low is not None and start < low:
+        if after is None or after + 1 < low:
+            sub.close()
+            raise ApiError(410, "This generation's stream is no longer retained", code="stream_expired")
+        start = low
+    try:
+        history = await asyncio.to_thread(read_history, svc.log, info.tenant_id, info.request_id, partition, start)
+    except BaseException:
+        sub.close()
+        raise
+    stream = RequestStream(sub, after=start - 1)
+    stream.add_history(history)
+    return stream
+
+
+def wait_s_for(svc: Services, info: RequestInfo) -> float:
+    return _wait_s(svc, info.deadline_at)

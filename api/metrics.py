@@ -1,0 +1,89 @@
+"""Prometheus metrics of one API process, as its clients see their generations.
+
+Labels are pools, tenants, decisions and reasons: never text, ids or prompts. Each app
+has its own registry (no module globals), so several apps can live in one process.
+Latencies are measured here, at the API, from the moment a request arrived: what a
+client experiences, log and queue included. Queue time is the worker's measurement.
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from api.stream_hub import StreamEvent
+from models.events_generation import (
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected, GenerationStarted,
+    TokensEmitted,
+)
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("ledgerlm_ttft_seconds", "Request arrival to its first output token, per pool",
+                              ["pool"], buckets=_LATENCY, registry=r)
+        self.inter_token = Histogram("ledgerlm_inter_token_seconds", "Time between output tokens, per pool",
+                                     ["pool"], buckets=_TOKEN_GAP, registry=r)
+        self.queue_time = Histogram("ledgerlm_queue_seconds", "Admission to a worker starting it, per pool",
+                                    ["pool"], buckets=_LATENCY, registry=r)
+        self.e2e = Histogram("ledgerlm_e2e_seconds", "Request arrival to its end event, per pool",
+                             ["pool"], buckets=_LATENCY, registry=r)
+        self.decisions = Counter("ledgerlm_admission_decisions", "Generations admitted or rejected, by reason",
+                                 ["decision", "reason"], registry=r)
+        self.in_flight = Gauge("ledgerlm_in_flight_requests", "Generations this API is waiting on, per tenant",
+                               ["tenant"], registry=r)
+        self.tokens = Counter("ledgerlm_tokens", "Tokens of ended generations, per tenant and kind",
+                              ["tenant", "kind"], registry=r)
+        self.client_gone = Counter("ledgerlm_client_gone", "Streams cancelled because their client went away",
+                                   registry=r)
+
+    def track(self, tenant_id: str, pool: str, started_at: float) -> "Tracker":
+        return Tracker(self, tenant_id, pool, started_at)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class Tracker:
+    """Follows one live generation's events; `started_at` is `time.monotonic()` at arrival."""
+
+    def __init__(self, metrics: ApiMetrics, tenant_id: str, pool: str, started_at: float):
+        self._m, self._tenant, self._pool, self._t0 = metrics, tenant_id, pool, started_at
+        self._decided = False
+        self._last_token: float | None = None
+        self._open = True
+        metrics.in_flight.labels(tenant_id).inc()
+
+    def on_event(self, event: StreamEvent) -> None:
+        p, now, m = event.env.payload, time.monotonic(), self._m
+        if not self._decided:
+            self._decided = True
+            rejected = isinstance(p, GenerationRejected)
+            m.decisions.labels("rejected" if rejected else "admitted", p.reason if rejected else "").inc()
+        if isinstance(p, GenerationStarted):
+            m.queue_time.labels(self._pool).observe(p.queued_ms / 1000)
+        elif isinstance(p, TokensEmitted) and p.token_count:
+            if self._last_token is None:
+                m.ttft.labels(self._pool).observe(now - self._t0)
+            else:
+                gap = (now - self._last_token) / p.token_count  # deltas merged into one event share the gap
+                for _ in range(p.token_count):
+                    m.inter_token.labels(self._pool).observe(gap)
+            self._last_token = now
+        elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
+            m.e2e.labels(self._pool).observe(now - self._t0)
+            m.tokens.labels(self._tenant, "input").inc(p.input_tokens)
+            m.tokens.labels(self._tenant, "output").inc(p.output_tokens)
+            self.close()
+        elif isinstance(p, GenerationRejected):
+            self.close()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._m.in_flight.labels(self._tenant).dec()

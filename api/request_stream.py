@@ -1,0 +1,124 @@
+"""One request's stream events in order, each exactly once: what the log already holds
+(history) followed by what the hub delivers live.
+
+The subscription is opened before the history is read, so together they cover every
+record; live events at or below the last offset handed out are duplicates and dropped.
+Offsets only grow within the request's partition, so this is also what makes a resumed
+stream have no gap and no repeated `seq`.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Callable, Iterable
+
+from api.stream_hub import StreamEvent, Subscription
+from models import topics
+from models.events import EventDecodeError, decode
+from models.events_generation import (
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected,
+)
+from pipelines.eventlog import EventLog
+
+END_TYPES = (GenerationCompleted, GenerationFailed, GenerationCancelled, GenerationRejected)
+
+
+def is_end(event: StreamEvent) -> bool:
+    return isinstance(event.env.payload, END_TYPES)
+
+
+class StreamTimeout(Exception):
+    """No end event before the request's deadline (plus grace)."""
+
+
+class RequestStream:
+    def __init__(self, sub: Subscription, *, after: int, on_event: Callable[[StreamEvent], None] | None = None,
+                 on_close: Callable[[], None] | None = None):
+        self.sub = sub
+        self.after = after  # the last offset handed out (or the offset before the stream starts)
+        self.ended = False
+        self._buffer: deque[StreamEvent] = deque()
+        self._on_event, self._on_close = on_event, on_close
+        self._closed = False
+
+    @property
+    def tenant_id(self) -> str:
+        return self.sub.tenant_id
+
+    @property
+    def request_id(self) -> str:
+        return self.sub.request_id
+
+    def add_history(self, events: Iterable[StreamEvent]) -> None:
+        last = self._buffer[-1].offset if self._buffer else self.after
+        for event in events:
+            if event.offset > last:
+                self._buffer.append(event)
+                last = event.offset
+
+    async def next(self, timeout_s: float) -> StreamEvent:
+        """The next event; raises `StreamTimeout` after `timeout_s` without one."""
+        if self.ended:
+            raise RuntimeError("the stream already ended")
+        if self._buffer:
+            event = self._buffer.popleft()
+        else:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while True:
+                try:
+                    event = await asyncio.wait_for(self.sub.queue.get(), timeout=max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    raise StreamTimeout() from None
+                if event.offset > self.after:
+                    break
+        self.after = event.offset
+        self.ended = is_end(event)
+        if self._on_event is not None:
+            self._on_event(event)
+        return event
+
+    async def events(self, timeout_s: float):
+        """Every event up to and including the end event, within `timeout_s` in all."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.ended:
+            yield await self.next(deadline - loop.time())
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.sub.close()
+            if self._on_close is not None:
+                self._on_close()
+
+
+def read_history(log: EventLog, tenant_id: str, request_id: str, partition: int, start: int) -> list[StreamEvent]:
+    """The request's events from offset `start` of its stream partition up to the log's
+    current end, or up to its end event. Other requests' records are skipped by key."""
+    end = log.end_offset(topics.STREAM.name, partition)
+    out: list[StreamEvent] = []
+    offset = start
+    while offset < end:
+        batch = log.read(topics.STREAM.name, partition, offset, max_records=1000)
+        if not batch:
+            break
+        for record in batch:
+            if record.key != request_id:
+                continue
+            try:
+                env = decode(record.value)
+            except EventDecodeError:
+                continue
+            if env.tenant_id == tenant_id and env.correlation_id == request_id:
+                out.append(StreamEvent(record.offset, env))
+                if is_end(out[-1]):
+                    return out
+        offset = batch[-1].offset + 1
+    return out
+
+
+def low_offset(log: EventLog, partition: int) -> int | None:
+    """The first stream offset still retained, where the adapter can tell (None: unknown)."""
+    fn = getattr(log, "low_offset", None)
+    return fn(topics.STREAM.name, partition) if fn is not None else None

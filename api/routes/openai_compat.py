@@ -1,0 +1,140 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`, as OpenAI's clients expect
+them (streamed or not, `stream_options.include_usage`), on ledgerlm's generations.
+
+A completion's `id` is its generation's id: `GET /v1/generations/{id}` and its events
+work on it. Parameters OpenAI defines but ledgerlm does not do (tools, logprobs, n > 1,
+echo...) are refused with a 400 rather than silently ignored; unknown extra fields are
+ignored, as vLLM's server does (they still count as the body for `Idempotency-Key`). Extensions: `deadline_ms`, `priority`, `ignore_eos`.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import GenerateDep, ServicesDep
+from api.errors import ApiError
+from api.live import start_generation
+from api.openai_format import OpenAIShape
+from api.sse import collect, failure_error, stream_response
+from models.events_generation import GenerationFailed, Sampling
+from pipelines.submission import SubmitGeneration
+
+router = APIRouter()
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+MaxTokens = Field(default=None, gt=0, le=1_000_000)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict:
+        content = self.content if isinstance(self.content, str) or self.content is None \
+            else "".join(part.text for part in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # kept (not used) so unsupported ones can be refused
+
+    model: str = Field(min_length=1, max_length=128)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    deadline_ms: int | None = Field(default=None, gt=0, le=24 * 3600 * 1000)
+    priority: Literal["high", "normal"] = "normal"
+    ignore_eos: bool = False
+
+    def sampling(self) -> Sampling:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if len(stop) > 4:
+            raise ApiError(400, "stop: at most 4 sequences", code="invalid_value", param="stop")
+        return Sampling(temperature=1.0 if self.temperature is None else self.temperature,
+                        top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed, stop=stop,
+                        ignore_eos=self.ignore_eos)
+
+    def refuse_unsupported(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            value = (self.model_extra or {}).get(name)
+            if value and not (name == "response_format" and isinstance(value, dict) and value.get("type") == "text"):
+                raise ApiError(400, f"'{name}' is not supported", code="unsupported_parameter", param=name)
+
+
+class ChatBody(_Common):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=2048)
+    max_tokens: int | None = MaxTokens
+    max_completion_tokens: int | None = MaxTokens
+
+
+class CompletionBody(_Common):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(default=16, gt=0, le=1_000_000)  # OpenAI's default for completions
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=1)
+
+
+_UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "logprobs", "top_logprobs", "logit_bias",
+                     "response_format", "audio", "prediction")
+_UNSUPPORTED_TEXT = ("logprobs", "logit_bias", "suffix")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatBody, principal: GenerateDep, svc: ServicesDep, request: Request,
+                           idempotency_key: IdempotencyKey = None):
+    body.refuse_unsupported(_UNSUPPORTED_CHAT)
+    cmd = SubmitGeneration(
+        request_id=None, model_alias=body.model, prompt=None,
+        messages=tuple(m.as_template_input() for m in body.messages),
+        max_output_tokens=body.max_completion_tokens or body.max_tokens, deadline_ms=body.deadline_ms,
+        priority=body.priority, sampling=body.sampling(), route="chat.completions")
+    return await _respond(svc, principal, cmd, body, request, idempotency_key, "chat", "chatcmpl-")
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionBody, principal: GenerateDep, svc: ServicesDep, request: Request,
+                      idempotency_key: IdempotencyKey = None):
+    body.refuse_unsupported(_UNSUPPORTED_TEXT)
+    if body.echo:
+        raise ApiError(400, "'echo' is not supported", code="unsupported_parameter", param="echo")
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+        raise ApiError(400, "prompt: exactly one prompt per request", code="invalid_value", param="prompt")
+    cmd = SubmitGeneration(
+        request_id=None, model_alias=body.model, prompt=prompts[0], max_output_tokens=body.max_tokens,
+        deadline_ms=body.deadline_ms, priority=body.priority, sampling=body.sampling(), route="completions")
+    return await _respond(svc, principal, cmd, body, request, idempotency_key, "text", "cmpl-")
+
+
+async def _respond(svc, principal, cmd: SubmitGeneration, body: _Common, request: Request,
+                   idempotency_key: str | None, kind: Literal["chat", "text"], prefix: str) -> Any:
+    live = await start_generation(svc, principal, cmd, request=request, body=body.model_dump(mode="json"),
+                                  idempotency_key=idempotency_key, id_prefix=prefix)
+    shape = OpenAIShape(kind, live.request_id, body.model, int(live.first.env.occurred_at.timestamp()),
+                        include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    if body.stream:
+        return stream_response(svc, live, shape.chunks, on_timeout=shape.timeout_chunk)
+    text, last = await collect(svc, live, request)
+    if isinstance(last.env.payload, GenerationFailed):
+        raise failure_error(last.env.payload)
+    return JSONResponse(shape.response(text, last.env.payload), headers={"X-Request-Id": live.request_id})
