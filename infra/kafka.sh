@@ -33,7 +33,7 @@ install() {
   fi
   say "fetching Kafka $VERSION jars with Maven (log: $(rel "$INSTALL_LOG"))"
   mkdir -p "$HOME_DIR"
-  rm -rf "$LIBS"
+  rm -rf "$HOME_DIR"/libs-*   # another version's jars: only one is ever run
   # slf4j 2 plus log4j's slf4j2 binding: without them the broker logs nowhere.
   cat >"$HOME_DIR/pom.xml" <<EOF
 <project xmlns="http://maven.apache.org/POM/4.0.0">
