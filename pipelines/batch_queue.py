@@ -24,8 +24,8 @@ def celery_config(broker_url: str, queue: str, *, chunk_time_limit_s: float) -> 
         # An unacknowledged task goes back to the queue after this long; it must outlast a
         # chunk's retries, or a slow chunk would be handed to a second worker meanwhile.
         options["visibility_timeout"] = int(chunk_time_limit_s * 4 + 300)
-    elif broker_url.startswith("sqla+"):
-        options["polling_interval"] = 0.2  # the embedded broker is polled; the default waits 1 s
+    # The embedded (SQLAlchemy) broker is polled once a second; kombu hands its transport
+    # options to create_engine, so that interval cannot be shortened here.
     return {
         "broker_url": broker_url,
         "broker_transport_options": options,
