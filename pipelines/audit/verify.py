@@ -152,7 +152,7 @@ def verify_partition(log: EventLog, conn: Connection, topic: str, partition: int
         found = _walk(chain.from_iterable(log_pages), chain.from_iterable(trail_pages), signed, every,
                       topic, partition, report)
     report.checkpoints += len(signed)
-    candidates = [f for f in (found, first_bad) if f is not None]
+    candidates = [f for f in (first_bad, found) if f is not None]  # at one offset, the bad signature says more
     return min(candidates, key=lambda f: f.offset) if candidates else None
 
 
