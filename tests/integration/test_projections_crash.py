@@ -138,3 +138,30 @@ def test_sigkill_mid_batch_then_restart_neither_doubles_nor_skips(embedded_ledge
     chunks = sum(workload.expected.settled[t]["batch_chunks"] for t in workload.tenants)
     assert usage_rows(engine) == settled + chunks
     engine.dispose()
+
+
+def test_a_second_runner_on_the_same_database_is_fenced_not_doubled(embedded_ledger_log, ledger_dbs):
+    """Two projectors started by mistake: the one whose positions moved underneath it rolls
+    back its batch and rereads, so every event is still applied once."""
+    from pipelines.projections.runner import PositionsMoved
+
+    log, _ = build_log(embedded_ledger_log, generations=120)
+    url = ledger_dbs.new()
+    first, second = runner_for(log, url, batch_events=200), runner_for(log, url, batch_events=200)
+    first.positions(), second.positions()  # both start from the same stored positions
+    first.run_once()
+    with pytest.raises(PositionsMoved):
+        second.run_once()
+
+    def step(runner) -> int:
+        try:
+            return runner.run_once()
+        except PositionsMoved:
+            return -1  # rolled back; it rereads the positions and tries again
+
+    while (step(first), step(second)) != (0, 0):  # two projectors interleaving until caught up
+        pass
+    clean = replay(log, ledger_dbs.new(migrate=False), SIGNER, checkpoint_every=EVERY)
+    engine = open_projection_db(url)
+    assert table_digests(engine) == clean.digests
+    engine.dispose()
