@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import Engine, String, select
+from sqlalchemy import DateTime, Engine, LargeBinary, String, select
 
 from models.events import canonical
 from models.tables import PROJECTED_TABLES
@@ -23,13 +23,23 @@ class TableDigest:
     sha256: str
 
 
-def _value(v):
-    if isinstance(v, datetime):
-        v = v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v.astimezone(timezone.utc)
-        return v.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    if isinstance(v, (bytes, memoryview)):
-        return bytes(v).hex()
-    return v
+def _time(v: datetime | None) -> str | None:
+    """UTC, to the microsecond; SQLite hands back naive times, which are UTC here."""
+    if v is None:
+        return None
+    if v.tzinfo is not None:
+        v = v.astimezone(timezone.utc).replace(tzinfo=None)
+    return v.isoformat(timespec="microseconds") + "Z"
+
+
+def _hex(v) -> str | None:
+    return None if v is None else bytes(v).hex()
+
+
+def _converters(table) -> list:
+    """One function per column (None: the value is written as it comes)."""
+    return [_time if isinstance(c.type, DateTime) else _hex if isinstance(c.type, LargeBinary) else None
+            for c in table.columns]
 
 
 def table_digests(engine: Engine, tables=PROJECTED_TABLES) -> list[TableDigest]:
@@ -43,8 +53,14 @@ def table_digests(engine: Engine, tables=PROJECTED_TABLES) -> list[TableDigest]:
             rows = 0
             result = conn.execution_options(stream_results=True, yield_per=10_000).execute(
                 select(table).order_by(*order))
-            for row in result:
-                h.update(canonical([_value(v) for v in row]) + b"\n")
-                rows += 1
+            convert = _converters(table)
+            if not any(convert):
+                for row in result:
+                    h.update(canonical(list(row)) + b"\n")
+                    rows += 1
+            else:
+                for row in result:
+                    h.update(canonical([f(v) if f and v is not None else v for f, v in zip(convert, row)]) + b"\n")
+                    rows += 1
             out.append(TableDigest(table.name, rows, h.hexdigest()))
     return out

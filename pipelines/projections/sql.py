@@ -6,10 +6,11 @@ statements, not one per event.
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from sqlalchemy import Connection, Engine, Table, create_engine, event, text, tuple_
+from sqlalchemy import Connection, DateTime, Engine, Table, create_engine, event, text, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -173,4 +174,18 @@ def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Se
     if is_postgres(conn):
         _copy(conn, table.name, columns, rows)
         return
-    conn.execute(table.insert(), [dict(zip(columns, row)) for row in rows])
+    # SQLite: straight to the driver, with times written as SQLAlchemy's DateTime stores
+    # them; the per-value type processing would cost more than the insert itself.
+    times = [i for i, c in enumerate(columns) if isinstance(table.c[c].type, DateTime)]
+    if times:
+        rows = [tuple(_sqlite_time(v) if i in times else v for i, v in enumerate(row)) for row in rows]
+    conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({', '.join(map(_q, columns))}) "
+                         f"VALUES ({', '.join('?' * len(columns))})", list(rows))
+
+
+def _sqlite_time(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc)
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
