@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from sqlalchemy import Connection, Engine, select
 
 from models import tables, topics
-from pipelines.eventlog import EventLog, Record
+from pipelines.eventlog import EventLog, Record, UnknownTopic
 from pipelines.projections.base import Event, Projection, parse_record, schema_versions
 from pipelines.projections.sql import upsert
 
@@ -65,13 +65,24 @@ class ProjectionRunner:
         self._versions = schema_versions()
         self._tps: list[TP] | None = None
         self._positions: dict[str, dict[TP, int]] | None = None
+        self._loaded_tps: list[TP] = []
         self.events_applied = 0
+        self.unreadable = 0  # records no projection but the audit trail could read (logged)
 
     # -- positions -------------------------------------------------------------------
 
     def partitions(self) -> list[TP]:
         if self._tps is None:
-            self._tps = [(t, p) for t in self._topics for p in range(self._log.partitions(t))]
+            tps, missing = [], []
+            for topic in self._topics:
+                try:
+                    tps += [(topic, p) for p in range(self._log.partitions(topic))]
+                except UnknownTopic:
+                    missing.append(topic)  # a log older than this build's topics: read the rest
+            if missing:
+                logger.warning("durable topics missing from the log, not projected yet: %s", missing)
+                return tps  # not cached: looked up again, so a topic created later is picked up
+            self._tps = tps
         return self._tps
 
     def _read_positions(self, conn: Connection) -> dict[str, dict[TP, int]]:
@@ -88,13 +99,14 @@ class ProjectionRunner:
     def load(self) -> None:
         """Reads positions and projection state from the database (at start, after a failure)."""
         with self._engine.connect() as conn:
+            self._loaded_tps = self.partitions()
             self._positions = self._read_positions(conn)
             for projection in self.projections:
                 projection.load(conn)
             conn.rollback()
 
     def positions(self) -> dict[str, dict[TP, int]]:
-        if self._positions is None:
+        if self._positions is None or self.partitions() != self._loaded_tps:  # (a topic may have appeared)
             self.load()
         return {name: dict(p) for name, p in self._positions.items()}
 
@@ -139,6 +151,7 @@ class ProjectionRunner:
         if not reached:
             return 0
         events = [parse_record(r, self._versions) for r in records]
+        self.unreadable += sum(1 for e in events if e.type is None)
         new_positions = {name: {tp: max(p[tp], reached.get(tp, p[tp])) for tp in p}
                          for name, p in positions.items()}
         try:

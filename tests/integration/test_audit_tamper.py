@@ -160,3 +160,13 @@ def test_the_cli_names_the_first_mismatch_and_exits_nonzero(audited, tmp_path):
     tampered = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
     assert f"first mismatch {TOPIC}[{partition}]@{K}: event_changed" in tampered.stdout
+
+
+def test_a_removed_topic_is_caught(audited):
+    log, engine, path, _ = audited
+    edit_log(path, ("DELETE FROM records WHERE topic = ?", (topics.OUTCOMES.name,)),
+             ("DELETE FROM partition_ends WHERE topic = ?", (topics.OUTCOMES.name,)),
+             ("DELETE FROM topics WHERE name = ?", (topics.OUTCOMES.name,)))
+    report = verify(log, engine, SIGNER, checkpoint_every=EVERY)
+    assert report.findings and {(f.topic, f.kind) for f in report.findings} == {(topics.OUTCOMES.name,
+                                                                                  "record_missing")}

@@ -165,3 +165,27 @@ def test_a_second_runner_on_the_same_database_is_fenced_not_doubled(embedded_led
     engine = open_projection_db(url)
     assert table_digests(engine) == clean.digests
     engine.dispose()
+
+
+def test_a_log_without_a_newer_durable_topic_is_projected_and_the_topic_picked_up_later(tmp_path):
+    """An older log may lack a topic this build reads (the batches topic came later)."""
+    from migrations.runner import upgrade
+    from models import topics
+    from pipelines.eventlog import TopicSpec, open_event_log
+
+    log = open_event_log(f"sqlite:///{tmp_path / 'old.db'}")
+    log.ensure_topics([TopicSpec(t.name, t.partitions) for t in topics.DURABLE if t is not topics.BATCHES])
+    workload = Workload(seed=2, tenants=2)
+    events = workload.admin() + workload.generations(120)
+    append_all(log, [(t, e) for t, e in events if t is not topics.BATCHES])
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    upgrade(url)
+    runner = runner_for(log, url)
+    runner.run_until_caught_up()
+    log.ensure_topics([TopicSpec(topics.BATCHES.name, topics.BATCHES.partitions)])
+    append_all(log, [(t, e) for t, e in events if t is topics.BATCHES])
+    runner.run_until_caught_up()
+    engine = open_projection_db(url)
+    assert table_digests(engine) == replay(log, f"sqlite:///{tmp_path / 'r.db'}", SIGNER,
+                                           checkpoint_every=EVERY).digests
+    engine.dispose()
