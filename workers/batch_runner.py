@@ -90,7 +90,8 @@ def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: En
 def _usage(rows: list[dict], ok) -> dict:
     completed = sum(1 for r in rows if ok(r))
     return {"completed": completed, "failed": len(rows) - completed,
-            "input_tokens": sum(r["input_tokens"] for r in rows), "output_tokens": sum(r["output_tokens"] for r in rows)}
+            "input_tokens": sum(r["input_tokens"] for r in rows),
+            "output_tokens": sum(r["output_tokens"] for r in rows)}
 
 
 def _completions(task: ChunkTask, rows: list[dict], engine) -> tuple[list[dict], dict]:

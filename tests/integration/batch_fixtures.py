@@ -112,6 +112,8 @@ class BatchPlatform:
     settings: Settings
     open_log: object
     model_revision: str
+    chunk_size: int = CHUNK_SIZE
+    chunks_in_flight: int = 2
     logs: list = field(default_factory=list)
 
     def start(self) -> "BatchPlatform":
@@ -124,8 +126,8 @@ class BatchPlatform:
         log = self._log()
         self.dispatcher = BatchDispatcher(
             log, RegistryView(log), self.store, queue, limits_for=limits_from_settings(self.settings),
-            options=DispatchOptions(chunk_size=CHUNK_SIZE, chunks_in_flight=2, stop_grace_s=30,
-                                    chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
+            options=DispatchOptions(chunk_size=self.chunk_size, chunks_in_flight=self.chunks_in_flight,
+                                    stop_grace_s=30, chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
         self.loop = Loop("batch-dispatcher", lambda: self.dispatcher.run_once(0.05),
                          lambda: (self.dispatcher.close(), queue.close())).start()
         api_log = self._log()

@@ -17,7 +17,8 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def env(payload, tenant="acme", at=T0):
-    return new_event(payload, tenant_id=tenant, correlation_id=getattr(payload, "batch_id", None) or "x", occurred_at=at)
+    correlation = getattr(payload, "batch_id", None) or "x"
+    return new_event(payload, tenant_id=tenant, correlation_id=correlation, occurred_at=at)
 
 
 def submitted(batch_id="b1"):
