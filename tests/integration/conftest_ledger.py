@@ -15,7 +15,9 @@ import sqlalchemy as sa
 
 from migrations.runner import upgrade
 from pipelines.audit.signing import HmacSigner
-from pipelines.eventlog import EventLog
+from pipelines.bootstrap import topic_specs
+from pipelines.eventlog import EventLog, open_event_log
+from pipelines.eventlog.namespaced import NamespacedEventLog
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
 from pipelines.projections.sql import open_projection_db
@@ -64,16 +66,34 @@ def ledger_dbs(request, tmp_path) -> Databases:
     dbs.drop_all()
 
 
+def log_opener(kind: str, tmp_path: Path) -> Callable[[], EventLog]:
+    """Opens handles onto one fresh log; `.spec` says how another process opens it."""
+    if kind == "embedded":
+        opener = make_log_opener("embedded", tmp_path)
+        opener.spec = f"sqlite:///{tmp_path / 'eventlog.db'}"
+        return opener
+    url, namespace = service_url("kafka"), "t" + uuid.uuid4().hex[:12]
+    opener = lambda: NamespacedEventLog(open_event_log(url), namespace)  # noqa: E731
+    with opener() as first:
+        first.ensure_topics(topic_specs())
+    opener.spec = f"{url}#{namespace}"
+    return opener
+
+
+def open_spec(spec: str) -> EventLog:
+    url, _, namespace = spec.partition("#")
+    log = open_event_log(url)
+    return NamespacedEventLog(log, namespace) if namespace else log
+
+
 @pytest.fixture(params=["embedded", "kafka"])
 def ledger_log(request, tmp_path) -> Callable[[], EventLog]:
-    opener = make_log_opener(request.param, tmp_path)
-    opener.kind = request.param
-    return opener
+    return log_opener(request.param, tmp_path)
 
 
 @pytest.fixture
 def embedded_ledger_log(tmp_path) -> Callable[[], EventLog]:
-    return make_log_opener("embedded", tmp_path)
+    return log_opener("embedded", tmp_path)
 
 
 def runner_for(log: EventLog, url: str, *, batch_events: int = 500, projections=None) -> ProjectionRunner:

@@ -20,7 +20,7 @@ from pipelines.projections import all_projections
 from pipelines.projections.base import Projection
 from pipelines.projections.sql import open_projection_db
 from tests.integration.conftest_ledger import (  # noqa: F401 (fixtures)
-    EVERY, SIGNER, embedded_ledger_log, ledger_dbs, project, runner_for,
+    EVERY, SIGNER, embedded_ledger_log, ledger_dbs, ledger_log, project, runner_for,
 )
 from tests.ledger_workload import Workload, append_all
 
@@ -67,8 +67,8 @@ def build_log(opener, generations: int = 300):
     return log, workload
 
 
-def test_a_failed_batch_leaves_nothing_and_the_retry_counts_once(embedded_ledger_log, ledger_dbs):
-    log, _ = build_log(embedded_ledger_log)
+def test_a_failed_batch_leaves_nothing_and_the_retry_counts_once(ledger_log, ledger_dbs):
+    log, _ = build_log(ledger_log)
     url = ledger_dbs.new()
     engine = open_projection_db(url)
     runner = runner_for(log, url, batch_events=300,
@@ -89,11 +89,10 @@ def test_a_failed_batch_leaves_nothing_and_the_retry_counts_once(embedded_ledger
 STALLING_PROJECTOR = textwrap.dedent("""
     import sys, threading
     from pathlib import Path
-    from pipelines.eventlog import open_event_log
     from pipelines.projections import all_projections
-    from tests.integration.conftest_ledger import EVERY, SIGNER, runner_for
+    from tests.integration.conftest_ledger import EVERY, SIGNER, open_spec, runner_for
 
-    log_url, db_url, marker, stall_on = sys.argv[1:5]
+    log_spec, db_url, marker, stall_on = sys.argv[1:5]
     projections = all_projections(SIGNER, checkpoint_every=EVERY)
     generations, original, calls = projections[0], projections[0].apply, [0]
 
@@ -105,16 +104,16 @@ STALLING_PROJECTOR = textwrap.dedent("""
             threading.Event().wait()  # hold the open transaction until SIGKILL
 
     generations.apply = apply
-    runner_for(open_event_log(log_url), db_url, batch_events=250, projections=projections).run_until_caught_up()
+    runner_for(open_spec(log_spec), db_url, batch_events=250, projections=projections).run_until_caught_up()
 """)
 
 
-def test_sigkill_mid_batch_then_restart_neither_doubles_nor_skips(embedded_ledger_log, ledger_dbs, tmp_path):
-    log, workload = build_log(embedded_ledger_log)
+def test_sigkill_mid_batch_then_restart_neither_doubles_nor_skips(ledger_log, ledger_dbs, tmp_path):
+    log, workload = build_log(ledger_log)
     url = ledger_dbs.new()
     marker = tmp_path / "stalled"
     child = subprocess.Popen(
-        [sys.executable, "-c", STALLING_PROJECTOR, f"sqlite:///{tmp_path / 'eventlog.db'}", url, str(marker), "4"],
+        [sys.executable, "-c", STALLING_PROJECTOR, ledger_log.spec, url, str(marker), "4"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: marker.exists() or child.poll() is not None, timeout_s=120,

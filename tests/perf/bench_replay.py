@@ -86,7 +86,7 @@ def run_one(label: str, log_path: Path, db_url: str, batch_events: int) -> dict:
     engine.dispose()
     log.close()
     print(f"  {label}: verified {report.records:,} in {report.seconds:.1f}s, ok={report.ok}", file=sys.stderr)
-    return {"database": label, "records": result.records, "replay_s": round(result.seconds, 2),
+    return {"database": label, "load_average": round(os.getloadavg()[0], 1), "records": result.records, "replay_s": round(result.seconds, 2),
             "records_per_s": round(result.records_per_s), "verify_s": round(report.seconds, 2),
             "verify_ok": report.ok, "rows": {d.table: d.rows for d in result.digests}}
 
@@ -102,7 +102,7 @@ def main() -> int:
     log_path = build_log(args.events)
     results = {"events": json.loads(log_path.with_suffix(".done").read_text())["events"],
                "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}",
-               "runs": []}
+               "load_average_before": round(os.getloadavg()[0], 1), "runs": []}
     if not args.no_postgres:
         if not args.postgres:
             parser.error("LEDGERLM_TEST_POSTGRES is not set; pass --postgres URL or --no-postgres")
@@ -118,6 +118,7 @@ def main() -> int:
         finally:
             for path in BENCH.glob(db.name + "*"):
                 path.unlink()
+    results["load_average_after"] = round(os.getloadavg()[0], 1)
     print(json.dumps(results, indent=2))
     return 0
 
