@@ -86,6 +86,7 @@ class Platform:
         self.open_log, self.runner, self.settings = open_log, runner, settings
         self.logs: list[EventLog] = []
         self.loops: list[Loop] = []
+        self.extra_apis: list = []
         self.admin_log = self._log()
         self.view = RegistryView(self.admin_log)
         engine = runner.engine
@@ -111,11 +112,16 @@ class Platform:
         self.loops.append(loop)
         return loop
 
-    def start_worker(self, *, max_in_flight: int = 8) -> Loop:
-        worker = InteractiveWorker(self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
-                                   worker_id=f"test-worker-{uuid.uuid4().hex[:6]}")
-        self.worker = worker
-        loop = Loop("worker", lambda: worker.run_once(0.05), worker.close).start()
+    def start_worker(self, *, max_in_flight: int = 8, pool: str | None = None, log: EventLog | None = None,
+                     close: Callable[[], object] | None = None) -> Loop:
+        """A pool worker on the shared engine (`pool` None: the shared pool, which `self.worker`
+        names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would."""
+        worker = InteractiveWorker(log or self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
+                                   worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool)
+        if pool is None:
+            self.worker = worker
+        loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), close or worker.close).start()
+        loop.worker = worker
         self.loops.append(loop)
         return loop
 
@@ -130,6 +136,21 @@ class Platform:
         self._server_thread = threading.Thread(target=self.server.run, name="api", daemon=True)
         self._server_thread.start()
         wait_until(lambda: self.server.started, 30, what="the API server to start")
+
+    def start_api(self) -> str:
+        """Another API process over the same platform (its own log handle, stream hub and
+        port, as a second replica would have); returns its base URL."""
+        api_log = self._log()
+        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
+                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=port,
+                                               log_level="warning", lifespan="on"))
+        thread = threading.Thread(target=server.run, name=f"api-{port}", daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, 30, what="the second API server to start")
+        self.extra_apis.append((server, thread))
+        return f"http://127.0.0.1:{port}"
 
     @property
     def base_url(self) -> str:
@@ -154,7 +175,11 @@ class Platform:
 
     def close(self) -> None:
         self.server.should_exit = True
+        for server, _ in self.extra_apis:
+            server.should_exit = True
         self._server_thread.join(15)
+        for _, thread in self.extra_apis:
+            thread.join(15)
         for loop in self.loops:
             loop.halt()
         for log in self.logs:
