@@ -27,13 +27,14 @@ def _signer(settings: Settings):
     return signer_from_key(settings.audit_signing_key)
 
 
-def _runner(settings: Settings, log, *, batch_events: int = 5000):
+def _runner(settings: Settings, log, *, batch_events: int = 5000, migrate: bool = True):
     from migrations.runner import upgrade
     from pipelines.projections import all_projections
     from pipelines.projections.runner import ProjectionRunner
     from pipelines.projections.sql import open_projection_db
 
-    upgrade(settings.database_url)
+    if migrate:  # the projector brings its schema to head, so a quick start needs no extra step
+        upgrade(settings.database_url)
     engine = open_projection_db(settings.database_url)
     return ProjectionRunner(log, engine, all_projections(_signer(settings)), batch_events=batch_events), engine
 
@@ -74,7 +75,7 @@ def _projections(settings: Settings, args: argparse.Namespace) -> int:
         engine.dispose()
         return 0
     with open_log(settings) as log:
-        runner, engine = _runner(settings, log, batch_events=args.batch_events)
+        runner, engine = _runner(settings, log, batch_events=args.batch_events, migrate=args.action == "run")
         try:
             if args.action == "run":
                 applied = runner.run_until_caught_up()
@@ -181,7 +182,7 @@ def register(verbs) -> dict:
     audit.add_argument("--json", action="store_true")
 
     replay = verbs.add_parser("replay", help="rebuild every projection from the log into an empty database")
-    replay.add_argument("--into", required=True, help="database URL; must be empty")
+    replay.add_argument("--into", required=True, help="URL of an existing, empty database (create it first)")
     replay.add_argument("--batch-events", type=int, default=5000)
     replay.add_argument("--json", action="store_true")
 

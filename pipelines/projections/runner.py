@@ -195,7 +195,7 @@ class ProjectionRunner:
             if self.positions() == before:
                 return applied  # nothing more to read (the given ends were beyond the log)
 
-    def run(self, stop: threading.Event, *, idle_s: float = 0.2, lag_every_s: float = 30.0) -> None:
+    def run(self, stop: threading.Event, *, idle_s: float = 0.5, lag_every_s: float = 30.0) -> None:
         """Keeps projections up to date until `stop` is set; a failed batch is retried."""
         last_report = time.monotonic()
         while not stop.is_set():
