@@ -92,10 +92,11 @@ def merge(row: Row, e: Event) -> None:
 
 
 def utc(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every time stored here is UTC."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=timezone.utc)
+    """Times as aware UTC: SQLite hands them back naive (they are stored in UTC), and
+    PostgreSQL in its session's time zone, which need not be UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 def usage_row(row: Row) -> Row:
