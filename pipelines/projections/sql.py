@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from sqlalchemy import Connection, DateTime, Engine, Table, create_engine, event, text, tuple_
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 IN_CHUNK = 500  # keys per IN list: well under SQLite's bound-variable limit
 
@@ -48,10 +46,6 @@ def is_postgres(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def _insert(conn: Connection, table: Table):
-    return (pg_insert if is_postgres(conn) else sqlite_insert)(table)
-
-
 def key_columns(table: Table) -> list[str]:
     return [c.name for c in table.primary_key.columns]
 
@@ -67,58 +61,56 @@ def _copy(conn: Connection, target: str, columns: Sequence[str], rows: Iterable[
             copy.write_row(row)
 
 
-def _pg_merge(conn: Connection, table: Table, rows: Sequence[dict], on_conflict: str) -> None:
-    """PostgreSQL: COPY the rows into a session-private staging table, then one
-    INSERT ... SELECT ... ON CONFLICT. Much faster than a statement per row."""
-    stage = f"_stage_{table.name}"
+def _merge(conn: Connection, table: Table, rows: Sequence[dict], on_conflict: str) -> None:
+    """INSERT ... ON CONFLICT for a batch of rows, the same SQL on both databases.
+
+    PostgreSQL: the rows are COPied into a session-private staging table, then one
+    INSERT ... SELECT; much faster than a statement per row. SQLite: one executemany
+    straight to the driver, times written the way SQLAlchemy's DateTime stores them;
+    SQLAlchemy's per-value processing would cost more than the insert itself.
+    """
     cols = [c.name for c in table.columns]
-    conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {_q(stage)} (LIKE {_q(table.name)}) "
-                         "ON COMMIT DELETE ROWS")
-    conn.exec_driver_sql(f"TRUNCATE {_q(stage)}")
-    _copy(conn, stage, cols, ([row.get(c) for c in cols] for row in rows))
     names = ", ".join(map(_q, cols))
-    conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({names}) SELECT {names} FROM {_q(stage)} "
-                         f"ON CONFLICT ({', '.join(map(_q, key_columns(table)))}) {on_conflict}")
+    conflict = f"ON CONFLICT ({', '.join(map(_q, key_columns(table)))}) {on_conflict}"
+    if is_postgres(conn):
+        stage = f"_stage_{table.name}"
+        conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {_q(stage)} (LIKE {_q(table.name)}) "
+                             "ON COMMIT DELETE ROWS")
+        conn.exec_driver_sql(f"TRUNCATE {_q(stage)}")
+        _copy(conn, stage, cols, ([row.get(c) for c in cols] for row in rows))
+        conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({names}) SELECT {names} FROM {_q(stage)} {conflict}")
+        return
+    conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({names}) VALUES ({', '.join('?' * len(cols))}) {conflict}",
+                         _sqlite_rows(table, cols, ([row.get(c) for c in cols] for row in rows)))
+
+
+def _sqlite_rows(table: Table, cols: Sequence[str], rows: Iterable[Sequence]) -> list[tuple]:
+    times = {i for i, c in enumerate(cols) if isinstance(table.c[c].type, DateTime)}
+    if not times:
+        return [tuple(row) for row in rows]
+    return [tuple(_sqlite_time(v) if i in times else v for i, v in enumerate(row)) for row in rows]
 
 
 def upsert(conn: Connection, table: Table, rows: Sequence[dict]) -> None:
     """Inserts rows, replacing every non-key column of rows already there. Keys must be
     distinct within one call."""
-    if not rows:
-        return
-    keys = key_columns(table)
-    if is_postgres(conn):
-        _pg_merge(conn, table, rows, "DO UPDATE SET " + ", ".join(
+    if rows:
+        keys = key_columns(table)
+        _merge(conn, table, rows, "DO UPDATE SET " + ", ".join(
             f"{_q(c.name)} = EXCLUDED.{_q(c.name)}" for c in table.columns if c.name not in keys))
-        return
-    stmt = _insert(conn, table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=keys, set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys})
-    conn.execute(stmt, list(rows))
 
 
 def insert_new(conn: Connection, table: Table, rows: Sequence[dict]) -> None:
     """Inserts rows whose key is not there yet; rows already there stay as they are."""
-    if not rows:
-        return
-    if is_postgres(conn):
-        _pg_merge(conn, table, rows, "DO NOTHING")
-        return
-    conn.execute(_insert(conn, table).on_conflict_do_nothing(index_elements=key_columns(table)), list(rows))
+    if rows:
+        _merge(conn, table, rows, "DO NOTHING")
 
 
 def add_to(conn: Connection, table: Table, rows: Sequence[dict], counters: Sequence[str]) -> None:
     """Inserts rows, or adds their `counters` to the row already there."""
-    if not rows:
-        return
-    if is_postgres(conn):
-        _pg_merge(conn, table, rows, "DO UPDATE SET " + ", ".join(
+    if rows:
+        _merge(conn, table, rows, "DO UPDATE SET " + ", ".join(
             f"{_q(c)} = {_q(table.name)}.{_q(c)} + EXCLUDED.{_q(c)}" for c in counters))
-        return
-    stmt = _insert(conn, table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=key_columns(table), set_={c: table.c[c] + stmt.excluded[c] for c in counters})
-    conn.execute(stmt, list(rows))
 
 
 def _pg_keys(table: Table, keys: list[tuple]) -> tuple[str, str, dict]:
@@ -174,13 +166,8 @@ def bulk_insert(conn: Connection, table: Table, columns: Sequence[str], rows: Se
     if is_postgres(conn):
         _copy(conn, table.name, columns, rows)
         return
-    # SQLite: straight to the driver, with times written as SQLAlchemy's DateTime stores
-    # them; the per-value type processing would cost more than the insert itself.
-    times = [i for i, c in enumerate(columns) if isinstance(table.c[c].type, DateTime)]
-    if times:
-        rows = [tuple(_sqlite_time(v) if i in times else v for i, v in enumerate(row)) for row in rows]
     conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({', '.join(map(_q, columns))}) "
-                         f"VALUES ({', '.join('?' * len(columns))})", list(rows))
+                         f"VALUES ({', '.join('?' * len(columns))})", _sqlite_rows(table, columns, rows))
 
 
 def _sqlite_time(value: datetime | None) -> str | None:
