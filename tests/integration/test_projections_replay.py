@@ -90,3 +90,40 @@ def test_postgres_and_sqlite_projections_have_the_same_digests(embedded_ledger_l
     assert digests(on_sqlite.digests) == digests(on_postgres.digests)
     statuses = defaultdict(int, workload.expected.statuses)
     assert on_sqlite.records == workload.expected.events and statuses["completed"] > 0
+
+
+def test_transactional_writes_are_projected_and_their_markers_stepped_over(ledger_log, tmp_path):
+    """The admission processor writes the ledger with `commit_with` (a Kafka transaction,
+    which leaves a marker after its records): the projector still catches up, lag 0."""
+    from models import topics
+    from pipelines.routing import to_outputs
+
+    log = ledger_log()
+    workload = Workload(seed=31, tenants=2)
+    events = workload.admin() + workload.generations(40)
+    append_all(log, [(t, e) for t, e in events if t is not topics.LEDGER])
+    ledger = [(t, e) for t, e in events if t is topics.LEDGER]
+    consumer = log.consumer("ledger-writer-" + tmp_path.name, [topics.ADMIN.name])
+    try:
+        for _ in range(60):  # joins the group (bounded: each poll waits up to a second)
+            consumer.poll(timeout_s=1.0)
+            if consumer.assignment():
+                break
+        assert consumer.assignment(), "the writer never joined its group"
+        for start in range(0, len(ledger), 25):  # many small transactions, as admission commits
+            consumer.commit_with(to_outputs(ledger[start:start + 25]))
+    finally:
+        consumer.close()
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    from migrations.runner import upgrade
+
+    upgrade(url)
+    runner = project(log, url)
+    assert sum(lag.records for lag in runner.lag()) == 0
+    engine = open_projection_db(url)
+    assert verify(log, engine, SIGNER, checkpoint_every=EVERY).ok
+    again = replay(log, f"sqlite:///{tmp_path / 'again.db'}", SIGNER, checkpoint_every=EVERY)
+    assert digests(table_digests(engine)) == digests(again.digests)
+    assert totals_by_tenant(engine, workload.tenants)[workload.tenants[0]]["requests"] == \
+        workload.expected.settled[workload.tenants[0]]["requests"]
+    engine.dispose()
