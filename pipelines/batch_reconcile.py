@@ -100,15 +100,24 @@ class Reconciler:
             result = validate(batch, store=self.store, registry=registry, chunk_size=self.options.chunk_size,
                               max_requests=self.options.max_requests)
         except BatchInputError as exc:
-            emit(BatchFailed(batch_id=batch.batch_id, errors=(exc.error,), request_counts=RequestCounts()))
+            error_file = None
+            if exc.invalid:  # every line was bad: the error file says why, line by line
+                out = _JsonlOut()
+                for line in exc.invalid:
+                    out.write(line)
+                error_file = out.store(self.store, batch, keys.error_file_id(batch.batch_id),
+                                       f"{batch.batch_id}_errors.jsonl")
+                emit(error_file)
+            emit(BatchFailed(batch_id=batch.batch_id, errors=(exc.error,),
+                             error_file_id=error_file and error_file.file_id,
+                             request_counts=RequestCounts(total=exc.total, failed=len(exc.invalid))))
             return
-        invalid_key = keys.invalid_lines_key(batch.tenant_id, batch.batch_id)
         if result.invalid:
             out = _JsonlOut()
             for line in result.invalid:
                 out.write(line)
             out.file.flush()
-            self.store.put_file(invalid_key, out.file.name)
+            self.store.put_file(keys.invalid_lines_key(batch.tenant_id, batch.batch_id), out.file.name)
             out.file.close()
         emit(BatchValidated(batch_id=batch.batch_id, model_alias=result.model_alias,
                             model_revision=result.revision.model_revision, total_requests=result.total,

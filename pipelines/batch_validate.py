@@ -22,9 +22,10 @@ from pipelines.objectstore import ObjectNotFound, ObjectStore
 
 
 class BatchInputError(Exception):
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, *, total: int = 0, invalid: list[dict] | None = None):
         super().__init__(message)
         self.error = BatchError(code=code, message=message)
+        self.total, self.invalid = total, invalid or []  # OpenAI batches: the error file's lines
 
 
 @dataclass
@@ -92,7 +93,7 @@ def validate_requests(batch: BatchState, *, store: ObjectStore, registry: Regist
     if result is None:
         raise BatchInputError("no_valid_requests", f"none of the {total} lines is a valid request"
                               + (f"; line {invalid[0]['error']['line']}: {invalid[0]['error']['message']}"
-                                 if invalid else ""))
+                                 if invalid else ""), total=total, invalid=invalid)
     revision = result.revision
     tokenizer = tokenizer_for(revision.model_path)
     rows, bounds = [], []
@@ -110,7 +111,8 @@ def validate_requests(batch: BatchState, *, store: ObjectStore, registry: Regist
                      "seed": line.seed, "stop": line.stop, "ignore_eos": line.ignore_eos})
         bounds.append((len(ids), max_tokens))
     if not rows:
-        raise BatchInputError("no_valid_requests", "no request fits the model's context")
+        raise BatchInputError("no_valid_requests", "no request fits the model's context", total=total,
+                              invalid=sorted(invalid, key=lambda e: e["error"]["line"]))
     result.total, result.invalid = total, sorted(invalid, key=lambda e: e["error"]["line"])
     result.chunks = _chunked(store, batch, rows, bounds, chunk_size, REQUEST_INPUT, revision)
     return result

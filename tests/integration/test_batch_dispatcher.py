@@ -153,11 +153,14 @@ def test_a_batch_past_its_window_expires_with_unrun_requests_in_the_error_file(r
     assert settled == Counter(p.reservation_id for p in of(rig.events(batch_id), BatchChunkQueued))
 
 
-@pytest.mark.parametrize("lines, code", [(["not json", "{}"], "no_valid_requests"),
-                                         ([line(0, model="unknown")], "no_valid_requests")])
-def test_an_input_without_any_usable_request_fails_the_batch(rig, lines, code):
+@pytest.mark.parametrize("lines, codes", [(["not json", "{}"], ["invalid_json", "invalid_request"]),
+                                          ([line(0, model="unknown")], ["model_not_found"]),
+                                          ([line(0, max_tokens=5000)], ["context_length_exceeded"])])
+def test_an_input_without_any_usable_request_fails_the_batch_with_an_error_file(rig, lines, codes):
     batch = rig.drive(rig.dispatcher(), rig.submit(lines))
-    assert batch.status == "failed" and batch.errors[0].code == code and batch.times.get("failed_at")
+    assert batch.status == "failed" and batch.errors[0].code == "no_valid_requests" and batch.times.get("failed_at")
+    assert batch.request_counts.total == batch.request_counts.failed == len(lines)
+    assert [e["error"]["code"] for e in rig.lines_of(batch.error_file_id)] == codes
     assert not rig.queue.sent
 
 

@@ -87,7 +87,7 @@ def test_cancel_mid_job_stops_new_chunks_and_settles_what_ran(batch_platform):
 def test_killed_worker_process_mid_chunk_redoes_the_chunk_without_duplicates(batch_platform):
     tenant, secret = batch_platform.tenant()
     client = batch_platform.openai(secret)
-    lines = long_lines(4 * CHUNK, max_tokens=400)
+    lines = long_lines(3 * CHUNK, max_tokens=400)  # chunk 1 is killed while chunk 2 waits in the queue
     batch = create(client, lines)
 
     def started_chunk_1():
