@@ -127,6 +127,10 @@ def test_bad_input_is_refused_at_submit_with_a_clear_error(batch_platform):
     assert err.value.body["code"] == "invalid_completion_window"
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id="file-missing", endpoint="/v1/chat/completions", completion_window="24h")
+    parquet = upload(client, b"PAR1" + b"\x00" * 64 + b"PAR1", "docs.parquet")  # a summarization input
+    with pytest.raises(openai.BadRequestError) as err:
+        client.batches.create(input_file_id=parquet.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert err.value.body["code"] == "invalid_file_format" and "not JSONL" in err.value.body["message"]
 
 
 def test_another_tenants_batches_and_files_are_not_found(batch_platform):

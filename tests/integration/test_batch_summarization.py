@@ -133,3 +133,20 @@ def test_summarization_input_must_be_the_tenants_own_and_the_request_sound(batch
         junk = submit(input_url=store.uri(keys.tenant_prefix(tenant) + "inputs/junk.bin"))
         assert junk.status_code == 400 and junk.json()["error"]["code"] == "invalid_file_format"
         assert http.get("/v1/summarizations").json()["data"] == []
+
+
+def test_summarization_of_an_uploaded_jsonl_file(batch_platform):
+    _, secret = batch_platform.tenant()
+    data = "".join(json.dumps({"id": i, "text": text(30, start=i * 50)}) + "\n" for i in range(3)).encode()
+    with batch_platform.http(secret) as http:
+        upload = http.post("/v1/files", files={"file": ("docs.jsonl", data)}, data={"purpose": "user_data"})
+        assert upload.status_code == 200, upload.text
+        created = http.post("/v1/summarizations", json={"model": MODEL_ALIAS, "input_file_id": upload.json()["id"],
+                                                        "max_output_tokens": 8})
+        assert created.status_code == 200, created.text
+        job = batch_platform.wait_terminal(lambda: fetch(http, created.json()["id"])).body
+        assert job["status"] == "completed" and job["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+        assert [j["id"] for j in http.get("/v1/summarizations").json()["data"]] == [job["id"]]
+    table = pq.read_table(job["data_uri"].removeprefix("s3://"), filesystem=batch_platform.store.fs)
+    assert sorted(table.column("id").to_pylist()) == ["0", "1", "2"]  # ids are strings in the output
+    assert all(0 < n <= 8 for n in table.column("output_tokens").to_pylist())
