@@ -141,6 +141,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _download(client, job_id: str, directory: Path) -> int:
+    if job_id.startswith("summ_"):  # a summarization's output is a Parquet dataset: say where it is
+        job = _check(client.get(f"/v1/summarizations/{job_id}")).json()
+        print(json.dumps({k: job[k] for k in ("status", "data_uri", "manifest_uri")}))
+        return 0
     job = _check(client.get(f"/v1/batches/{job_id}")).json()
     directory.mkdir(parents=True, exist_ok=True)
     saved = {}

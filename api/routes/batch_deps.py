@@ -77,11 +77,14 @@ def summarization_object(b: BatchState, store: ObjectStore) -> dict:
             "map_reduced": sum(c.map_reduced for c in b.chunks)}
 
 
+def _id(item: BatchState | FileState) -> str:
+    return item.batch_id if isinstance(item, BatchState) else item.file_id
+
+
 def page(items: list, to_object, *, after: str | None, limit: int) -> dict:
     """OpenAI's cursor list: newest first, `after` is the last id of the previous page."""
-    items = sorted(items, key=lambda x: (x.created_at, x.batch_id if hasattr(x, "batch_id") else x.file_id),
-                   reverse=True)
-    ids = [x.batch_id if hasattr(x, "batch_id") else x.file_id for x in items]
+    items = sorted(items, key=lambda x: (x.created_at, _id(x)), reverse=True)
+    ids = [_id(x) for x in items]
     start = ids.index(after) + 1 if after in ids else 0
     chosen = items[start:start + limit]
     data = [to_object(x) for x in chosen]
