@@ -48,7 +48,8 @@ class RegistryView:
                 for record in records:
                     self.registry.apply(decode(record.value))
                     self._next = record.offset + 1
-                if len(records) < 1000:
+                # A read may return less than is there (one fetch of Kafka's): read until none is left.
+                if not records:
                     return self.registry
                 timeout_s = 0.0
 
