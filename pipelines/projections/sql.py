@@ -13,12 +13,25 @@ from typing import Iterable, Sequence
 from sqlalchemy import Connection, DateTime, Engine, Table, create_engine, event, text, tuple_
 
 IN_CHUNK = 500  # keys per IN list: well under SQLite's bound-variable limit
+SMALL = 50  # rows up to which PostgreSQL gets one INSERT ... VALUES rather than a staged COPY
 
 
 def open_projection_db(url: str, **options) -> Engine:
     """An engine on `url` (postgresql+psycopg://... or sqlite:///...)."""
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, **options)
+        engine = create_engine(url, pool_pre_ping=True, **options)
+
+        @event.listens_for(engine, "commit")
+        def _committed(conn):
+            conn.info.pop("ledger_used", None)  # ON COMMIT DELETE ROWS emptied the staging tables
+
+        @event.listens_for(engine, "rollback")
+        def _rolled_back(conn):
+            # Tables created in the rolled-back transaction are gone with it.
+            conn.info.pop("ledger_used", None)
+            conn.info.pop("ledger_stages", None)
+
+        return engine
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -73,11 +86,23 @@ def _merge(conn: Connection, table: Table, rows: Sequence[dict], on_conflict: st
     names = ", ".join(map(_q, cols))
     conflict = f"ON CONFLICT ({', '.join(map(_q, key_columns(table)))}) {on_conflict}"
     if is_postgres(conn):
+        values = ([row.get(c) for c in cols] for row in rows)
+        if len(rows) <= SMALL:  # a few rows: one multi-row statement beats four round trips
+            marks = ", ".join("(" + ", ".join(["%s"] * len(cols)) + ")" for _ in rows)
+            conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({names}) VALUES {marks} {conflict}",
+                                 tuple(v for row in values for v in row))
+            return
         stage = f"_stage_{table.name}"
-        conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {_q(stage)} (LIKE {_q(table.name)}) "
-                             "ON COMMIT DELETE ROWS")
-        conn.exec_driver_sql(f"TRUNCATE {_q(stage)}")
-        _copy(conn, stage, cols, ([row.get(c) for c in cols] for row in rows))
+        # Staging tables live as long as the session; ON COMMIT DELETE ROWS empties them.
+        created, used = conn.info.setdefault("ledger_stages", set()), conn.info.setdefault("ledger_used", set())
+        if stage not in created:
+            conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {_q(stage)} (LIKE {_q(table.name)}) "
+                                 "ON COMMIT DELETE ROWS")
+            created.add(stage)
+        elif stage in used:
+            conn.exec_driver_sql(f"TRUNCATE {_q(stage)}")  # used before in this transaction
+        used.add(stage)
+        _copy(conn, stage, cols, values)
         conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({names}) SELECT {names} FROM {_q(stage)} {conflict}")
         return
     conn.exec_driver_sql(f"INSERT INTO {_q(table.name)} ({names}) VALUES ({', '.join('?' * len(cols))}) {conflict}",
