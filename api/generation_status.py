@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import Services
 from api.routes.usage import projection_db
+from pipelines.idempotency import client_request_id
 from pipelines.projections.generations import utc
 from pipelines.projections.queries import generation_status
 
@@ -21,12 +22,13 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "r
 
 
 def find_status(svc: Services, request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:
-    row = svc.index.status(tenant_id, request_id)
-    if row is not None:
-        status = status_from_row(row)
-    else:
-        status = _from_projection(request, tenant_id, request_id)
-    return None if status is None else {"id": request_id, "object": "generation", **status}
+    """By the generation's id, or by the request_id its client chose."""
+    for candidate in (request_id, client_request_id(tenant_id, request_id)):
+        row = svc.index.status(tenant_id, candidate)
+        status = status_from_row(row) if row is not None else _from_projection(request, tenant_id, candidate)
+        if status is not None:
+            return {"id": candidate, "object": "generation", **status}
+    return None
 
 
 def status_from_row(r: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,9 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
                            body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
     t0 = time.monotonic()
     tenant_id, now = principal.tenant_id, datetime.now(timezone.utc)
+    chosen = cmd.request_id
+    if chosen is not None:
+        cmd = replace(cmd, request_id=idempotency.client_request_id(tenant_id, chosen))
     if idempotency_key is not None:
         key_sha = idempotency.key_sha256(tenant_id, idempotency.validate_key(idempotency_key))
         body_sha = idempotency.request_sha256(cmd.route, body)
@@ -81,8 +84,8 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
             return await replay_generation(svc, tenant_id, claim.request_id, request=request)
         cmd = replace(cmd, idempotency_key_sha256=key_sha, request_sha256=body_sha, request_id=cmd.request_id
                       or idempotency.keyed_request_id(id_prefix, tenant_id, idempotency_key, now))
-    elif cmd.request_id is not None and await asyncio.to_thread(svc.index.request, tenant_id, cmd.request_id):
-        raise ApiError(409, f"A generation with request_id '{cmd.request_id}' already exists",
+    elif chosen is not None and await asyncio.to_thread(svc.index.request, tenant_id, cmd.request_id):
+        raise ApiError(409, f"A generation with request_id '{chosen}' already exists",
                        code="request_id_in_use", param="request_id")
     cmd = cmd if cmd.request_id else replace(cmd, request_id=id_prefix + uuid.uuid4().hex)
 
@@ -146,6 +149,12 @@ def _admitted(stream: RequestStream, first: StreamEvent, wait_s: float, *, repla
         stream.close()
         raise rejection_error(first.env.payload)
     return Live(stream, first, asyncio.get_running_loop().time() + wait_s, replayed)
+
+
+def find_request(svc: Services, tenant_id: str, request_id: str) -> RequestInfo | None:
+    """A generation of this tenant by its id, or by the request_id its client chose."""
+    return (svc.index.request(tenant_id, request_id)
+            or svc.index.request(tenant_id, idempotency.client_request_id(tenant_id, request_id)))
 
 
 async def replay_generation(svc: Services, tenant_id: str, request_id: str, *, request: Request) -> Live:

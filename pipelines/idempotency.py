@@ -52,6 +52,13 @@ def request_sha256(route: str, body: dict) -> str:
     return _sha("request", route, canonical(body).decode())
 
 
+def client_request_id(tenant_id: str, request_id: str) -> str:
+    """The id on the log of a generation whose client chose `request_id`. Clients of two
+    tenants may choose the same one; the log (admission, workers, vLLM) needs ids unique
+    across tenants, so the tenant goes into it. The API accepts either form."""
+    return "gen_" + _sha("client-request-id", tenant_id, request_id)[:32]
+
+
 def keyed_request_id(prefix: str, tenant_id: str, key: str, now: datetime) -> str:
     day = now.strftime("%Y-%m-%d")
     return prefix + _sha("request-id", tenant_id, key, day)[:32]

@@ -76,6 +76,7 @@ async def cancel_generation(request_id: str, principal: GenerateDep, svc: Servic
         raise _not_found(request_id)
     if status["status"] in TERMINAL_STATUSES:
         return status  # already over: cancelling is a no-op
+    request_id = status["id"]
     env = new_event(CancelRequested(request_id=request_id, reason="client"),
                     tenant_id=principal.tenant_id, correlation_id=request_id)
     await asyncio.to_thread(publish, svc.log, topics.REQUESTS, [env])

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import GenerateDep, ServicesDep
 from api.errors import ApiError
-from api.live import open_stream, wait_s_for
+from api.live import find_request, open_stream, wait_s_for
 from api.request_stream import RequestStream, StreamTimeout
 from api.sse import DONE, SSE_HEADERS, frame, event_json, timeout_frame
 
@@ -37,12 +37,12 @@ def parse_last_event_id(value: str | None) -> int | None:
 async def generation_events(request_id: str, principal: GenerateDep, svc: ServicesDep,
                             last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None):
     after = parse_last_event_id(last_event_id)
-    info = await asyncio.to_thread(svc.index.request, principal.tenant_id, request_id)
+    info = await asyncio.to_thread(find_request, svc, principal.tenant_id, request_id)
     if info is None:
         raise ApiError(404, f"No generation '{request_id}'", code="not_found", param="id")
     stream = await open_stream(svc, info, after=after)
     return StreamingResponse(_frames(stream, after, wait_s_for(svc, info)), media_type="text/event-stream",
-                             headers={**SSE_HEADERS, "X-Request-Id": request_id})
+                             headers={**SSE_HEADERS, "X-Request-Id": info.request_id})
 
 
 async def _frames(stream: RequestStream, after: int | None, wait_s: float):
