@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -31,6 +32,13 @@ MIN_SHARE = 16  # records read from a partition per batch, however little it lag
 
 class PositionsMoved(RuntimeError):
     """Another runner advanced these projections meanwhile; this batch was rolled back."""
+
+
+@dataclass
+class _Batch:
+    events: list[Event]
+    old: dict[str, dict[TP, int]]  # positions it starts from
+    new: dict[str, dict[TP, int]]  # positions once applied
 
 
 @dataclass(frozen=True)
@@ -145,26 +153,31 @@ class ProjectionRunner:
             records += batch
         return records, reached
 
-    def run_once(self) -> int:
-        """Applies one batch; returns how many records it read (0 when caught up)."""
-        positions = self.positions()
+    def _prepare(self, positions: dict[str, dict[TP, int]]) -> _Batch | None:
+        """Reads and parses the batch that follows `positions`; None when there is none."""
         ends = self.end_offsets()
         start = {tp: min(p[tp] for p in positions.values()) for tp in self.partitions()}
         records, reached = self._read(start, ends)
         if not reached:
-            return 0
-        events = [parse_record(r, self._versions) for r in records]
-        self.unreadable += sum(1 for e in events if e.type is None)
-        new_positions = {name: {tp: max(p[tp], reached.get(tp, p[tp])) for tp in p}
-                         for name, p in positions.items()}
+            return None
+        new = {name: {tp: max(p[tp], reached.get(tp, p[tp])) for tp in p} for name, p in positions.items()}
+        return _Batch([parse_record(r, self._versions) for r in records], positions, new)
+
+    def _apply(self, batch: _Batch) -> int:
         try:
-            self._commit(events, positions, new_positions)
+            self._commit(batch.events, batch.old, batch.new)
         except BaseException:
             self._positions = None  # reread positions and projection state before the next try
             raise
-        self._positions = new_positions
-        self.events_applied += len(events)
-        return len(records)
+        self._positions = batch.new
+        self.events_applied += len(batch.events)
+        self.unreadable += sum(1 for e in batch.events if e.type is None)
+        return len(batch.events)
+
+    def run_once(self) -> int:
+        """Applies one batch; returns how many records it read (0 when caught up)."""
+        batch = self._prepare(self.positions())
+        return 0 if batch is None else self._apply(batch)
 
     def _commit(self, events: list[Event], old: dict[str, dict[TP, int]], new: dict[str, dict[TP, int]]) -> None:
         with self._engine.connect() as conn:
@@ -185,25 +198,33 @@ class ProjectionRunner:
 
     # -- loops ---------------------------------------------------------------------------
 
-    def run_until_caught_up(self, ends: dict[TP, int] | None = None) -> int:
-        """Runs batches until every projection has read up to `ends` (default: the ends now);
-        returns how many records were applied."""
+    def run_until_caught_up(self, ends: dict[TP, int] | None = None, stop: threading.Event | None = None) -> int:
+        """Runs batches until every projection has read up to `ends` (default: the ends now),
+        or `stop` is set; returns how many records were applied.
+
+        The next batch is read and parsed in a thread while this one commits: the commit
+        mostly waits on the database, so reading the log and writing rows overlap.
+        """
         ends = self.end_offsets() if ends is None else ends
         applied = 0
-        while True:
-            before = self.positions()
-            if all(pos >= ends[tp] for p in before.values() for tp, pos in p.items()):
-                return applied
-            applied += self.run_once()
-            if self.positions() == before:
-                return applied  # nothing more to read (the given ends were beyond the log)
+        with ThreadPoolExecutor(1, thread_name_prefix="projection-read") as reader:
+            batch = None if self._reached(self.positions(), ends) else self._prepare(self.positions())
+            while batch is not None and not (stop is not None and stop.is_set()):
+                following = None if self._reached(batch.new, ends) else reader.submit(self._prepare, batch.new)
+                applied += self._apply(batch)  # on failure the `with` waits for the reader, then raises
+                batch = following.result() if following is not None else None
+        return applied
+
+    @staticmethod
+    def _reached(positions: dict[str, dict[TP, int]], ends: dict[TP, int]) -> bool:
+        return all(pos >= ends.get(tp, 0) for p in positions.values() for tp, pos in p.items())
 
     def run(self, stop: threading.Event, *, idle_s: float = 0.5, lag_every_s: float = 30.0) -> None:
         """Keeps projections up to date until `stop` is set; a failed batch is retried."""
         last_report = time.monotonic()
         while not stop.is_set():
             try:
-                applied = self.run_once()
+                applied = self.run_until_caught_up(stop=stop)
             except PositionsMoved as exc:
                 logger.warning("%s", exc)
                 applied = 0
