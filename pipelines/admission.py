@@ -30,7 +30,7 @@ from models.events_generation import (
 from models.quota import Ask, Reject, decide, min_service_ms
 from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
-from pipelines.eventlog import EventLog, Fenced, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.routing import Outputs, to_outputs
 
 logger = logging.getLogger(__name__)
@@ -263,12 +263,12 @@ class AdmissionProcessor:
             self._ensure_topics(outputs)
             self._consumer.commit_with(to_outputs(outputs))
         except BaseException as exc:
-            # The book already holds these decisions, and none of them was written: rebuild it
-            # from the ledger before deciding again.
+            # The book already holds these decisions, and none of them was written (the unit
+            # aborted): rebuild it from the ledger, and read the inputs again, before deciding.
             self.owned = None
-            if not isinstance(exc, Fenced):
+            if not isinstance(exc, (Fenced, EventLogError)):
                 raise
-            logger.info("admission partitions moved; rebuilding from the ledger")
+            logger.warning("admission could not commit (%r); rebuilding from the ledger", exc)
             self._consumer.seek_to_committed()
         return len(records)
 

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from concurrent.futures import Executor
 from datetime import datetime, timezone
 
 from models import topics
@@ -44,8 +45,14 @@ def publish_terminal(log: EventLog, env: Envelope) -> None:
 
 
 async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queued_env: Envelope,
-                           started_env: Envelope) -> int:
-    """Returns 1 once a terminal event is written."""
+                           started_env: Envelope, io: Executor | None = None) -> int:
+    """Returns 1 once a terminal event is written. `io` runs its log reads and writes: a
+    pool with a thread per slot keeps one tenant's appends from queueing ahead of another's."""
+    loop = asyncio.get_running_loop()
+
+    def blocking(fn, *args):
+        return loop.run_in_executor(io, fn, *args)
+
     item: GenerationQueued = queued_env.payload
     req = item.request
     t0 = time.monotonic()
@@ -63,7 +70,7 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
             pending_text, pending_tokens = [], 0
             env = caused_by(started_env, TokensEmitted(request_id=req.request_id, seq=seq, text=text, token_count=count))
             seq += 1
-            await asyncio.to_thread(publish, log, topics.STREAM, [env])
+            await blocking(publish, log, topics.STREAM, [env])
 
     def timings() -> Timings:
         return Timings(queued_ms=started_env.payload.queued_ms, ttft_ms=first_token_ms,
@@ -73,10 +80,10 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
     try:
         if req.deadline_at is not None:
             left_s = (req.deadline_at - datetime.now(timezone.utc)).total_seconds()
-            timer = asyncio.get_running_loop().call_later(max(0.0, left_s), cancels.expire, req.request_id)
+            timer = loop.call_later(max(0.0, left_s), cancels.expire, req.request_id)
         finish_reason = None
         if not cancels.cancelled.get(req.request_id):  # cancelled between taking and starting
-            prompt = await asyncio.to_thread(fetch_prompt, log, req.prompt_ref)
+            prompt = await blocking(fetch_prompt, log, req.prompt_ref)
             engine_request = EngineRequest(
                 request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
                 tenant_id=queued_env.tenant_id, priority=PRIORITY.get(req.priority, 1),
@@ -120,5 +127,5 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
         if timer is not None:
             timer.cancel()
         if terminal is not None:
-            await asyncio.to_thread(publish_terminal, log, caused_by(started_env, terminal))
+            await blocking(publish_terminal, log, caused_by(started_env, terminal))
     return 1

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from models import topics
@@ -24,7 +25,7 @@ from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings,
 )
-from pipelines.eventlog import EventLog, Fenced, Record, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
 from pipelines.routing import Outputs, to_outputs
 from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
@@ -64,6 +65,7 @@ class InteractiveWorker:
         self._lookahead = lookahead
         self._quantum = quantum
         self._slots = Headroom(self.capacity)
+        self._io = ThreadPoolExecutor(self.capacity + 2, thread_name_prefix=f"{self.worker_id}-io")
         self._slots_lock = threading.Lock()
         self._wake = threading.Event()
         self._assigned: set | None = None
@@ -115,8 +117,11 @@ class InteractiveWorker:
             return 0
         try:
             self._consumer.commit_with(to_outputs(outputs), offsets=offsets)
-        except Fenced:
-            logger.info("%s lost work partitions; reading again from the committed positions", self.worker_id)
+        except (Fenced, EventLogError) as exc:
+            # Nothing of this unit was written (the transaction aborted): start none of it,
+            # and read again from what is committed.
+            logger.warning("%s: taking work failed (%r); reading again from the committed positions",
+                           self.worker_id, exc)
             with self._slots_lock:
                 for item, _ in starting:
                     self._slots.finished(item.tenant_id)
@@ -210,7 +215,8 @@ class InteractiveWorker:
 
     async def _serve(self, item: Item, started_env: Envelope) -> None:
         try:
-            ended = await serve_generation(self._log, self._engine, self._cancels, item.value[3], started_env)
+            ended = await serve_generation(self._log, self._engine, self._cancels, item.value[3], started_env,
+                                           self._io)
             self.served += ended
         finally:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)
@@ -228,3 +234,4 @@ class InteractiveWorker:
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
         self._consumer.close()
+        self._io.shutdown(wait=False)

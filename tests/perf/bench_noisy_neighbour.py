@@ -1,0 +1,258 @@
+"""Noisy neighbour: does a flood from tenant A delay tenant B's first token?
+
+    set -a && . .local/services.env && set +a
+    .venv/bin/python tests/perf/bench_noisy_neighbour.py --log embedded --seconds 20
+
+One engine (the tiny model, max_num_seqs 8), three phases in one run:
+
+1. unloaded: B alone through the platform, a trickle of streaming requests;
+2. flood through the platform: A keeps 10x its fair share in flight (fair share = half the
+   engine's sequences with two tenants busy, so 40 requests of 32 tokens), B trickles on;
+3. the same flood and trickle sent straight to vLLM AsyncLLM, all at one priority, so the
+   engine serves first come, first served.
+
+B's TTFT is measured by the client: from sending the request to its first token. The
+goal is B's p95 under the flood through the platform within 1.5x its unloaded p95.
+Prints a table and appends it, with the command, to the "Noisy neighbour" section of
+tests/perf/RESULTS.md (`--no-record` to skip).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from models import topics  # noqa: E402
+from models.events import decode  # noqa: E402
+from models.settings import Settings  # noqa: E402
+from pipelines.bootstrap import topic_specs  # noqa: E402
+from pipelines.eventlog import open_event_log  # noqa: E402
+from pipelines.eventlog.namespaced import NamespacedEventLog  # noqa: E402
+from workers.engine import EngineRequest  # noqa: E402
+from workers.engine_runner import EngineRunner  # noqa: E402
+from workers.tiny_model import make_tiny_model  # noqa: E402
+from workers.vllm_engine import VllmEngine, VllmEngineConfig  # noqa: E402
+
+RESULTS = ROOT / "tests" / "perf" / "RESULTS.md"
+SECTION = "## Noisy neighbour"
+MAX_SEQS = 8
+FLOOD = 10 * (MAX_SEQS // 2)  # ten times a fair share of two busy tenants
+A_TOKENS, B_TOKENS = 32, 8
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def b_breakdown(log, tenant_id: str, since: datetime) -> dict:
+    """Where B's time went inside the platform: queued (admission's queueing to the worker's
+    start) and the engine's own TTFT (start to first token), from B's outcomes on the log."""
+    queued, engine = [], []
+    for partition in range(log.partitions(topics.OUTCOMES.name)):
+        offset = 0
+        while batch := log.read(topics.OUTCOMES.name, partition, offset, max_records=5000):
+            for env in (decode(r.value) for r in batch):
+                if env.tenant_id != tenant_id or env.occurred_at < since:
+                    continue
+                if env.event_type == "GenerationStarted":
+                    queued.append(env.payload.queued_ms)
+                elif env.event_type == "GenerationCompleted" and env.payload.timings.ttft_ms is not None:
+                    engine.append(env.payload.timings.ttft_ms)
+            offset = batch[-1].offset + 1
+    return {"b_queued_p95_ms": percentile(queued, 0.95), "b_engine_ttft_p95_ms": percentile(engine, 0.95)}
+
+
+def log_opener(kind: str, home: Path):
+    if kind == "embedded":
+        url = f"sqlite:///{home / 'eventlog.db'}"
+        first = open_event_log(url)
+        first.ensure_topics(topic_specs())
+        first.close()
+        return lambda: open_event_log(url)
+    url, namespace = os.environ["LEDGERLM_TEST_KAFKA"], "bench" + uuid.uuid4().hex[:8]
+    first = NamespacedEventLog(open_event_log(url), namespace)
+    first.ensure_topics(topic_specs())
+    first.close()
+    return lambda: NamespacedEventLog(open_event_log(url), namespace)
+
+
+class Trickle:
+    """B: one streaming request every `every_s`, TTFT of each, until stopped."""
+
+    def __init__(self, every_s: float):
+        self.every_s, self.ttft_ms, self.tasks = every_s, [], []
+
+    async def run(self, one, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            self.tasks.append(asyncio.ensure_future(one(i)))
+            i += 1
+            await asyncio.sleep(self.every_s)  # the load generator's clock, not synchronisation
+        await asyncio.gather(*self.tasks)
+
+
+async def flood(one, seconds: float) -> int:
+    """A: FLOOD requests in flight at all times; returns how many completed."""
+    end, done = time.monotonic() + seconds, 0
+
+    async def loop(k: int) -> None:
+        nonlocal done
+        i = 0
+        while time.monotonic() < end:
+            await one(k * 100_000 + i)
+            done += 1
+            i += 1
+
+    await asyncio.gather(*(loop(k) for k in range(FLOOD)))
+    return done
+
+
+async def platform_phase(base_url: str, a_key: str, b_key: str, seconds: float, every_s: float, with_flood: bool):
+    limits = httpx.Limits(max_connections=FLOOD + 50, max_keepalive_connections=FLOOD + 50)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as client:
+        async def b_request(i: int) -> None:
+            body = {"model_alias": "tiny", "input": f"B asks question {i}", "max_output_tokens": B_TOKENS,
+                    "ignore_eos": True, "stream": True}
+            t0 = time.monotonic()
+            async with client.stream("POST", "/v1/generations", json=body,
+                                     headers={"Authorization": f"Bearer {b_key}"}) as response:
+                first = None
+                async for line in response.aiter_lines():
+                    if first is None and line.startswith("data: ") and '"tokens"' in line:
+                        first = (time.monotonic() - t0) * 1000
+                trickle.ttft_ms.append(first if first is not None else float("nan"))
+
+        async def a_request(i: int) -> None:
+            body = {"model_alias": "tiny", "input": f"A floods {i}", "max_output_tokens": A_TOKENS,
+                    "ignore_eos": True, "stream": False}
+            await client.post("/v1/generations", json=body, headers={"Authorization": f"Bearer {a_key}"})
+
+        trickle = Trickle(every_s)
+        jobs = [trickle.run(b_request, seconds)] + ([flood(a_request, seconds)] if with_flood else [])
+        results = await asyncio.gather(*jobs)
+        return trickle.ttft_ms, (results[1] if with_flood else 0)
+
+
+async def direct_phase(engine, seconds: float, every_s: float, with_flood: bool):
+    async def generate(tenant: str, prompt: str, tokens: int) -> float | None:
+        t0, first = time.monotonic(), None
+        request = EngineRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_output_tokens=tokens,
+                                tenant_id=tenant, priority=1, ignore_eos=True)
+        async for delta in engine.generate(request):
+            if first is None and delta.new_tokens:
+                first = (time.monotonic() - t0) * 1000
+        return first
+
+    trickle = Trickle(every_s)
+
+    async def b_request(i: int) -> None:
+        trickle.ttft_ms.append(await generate("tenant-b", f"B asks question {i}", B_TOKENS))
+
+    async def a_request(i: int) -> None:
+        await generate("tenant-a", f"A floods {i}", A_TOKENS)
+
+    jobs = [trickle.run(b_request, seconds)] + ([flood(a_request, seconds)] if with_flood else [])
+    results = await asyncio.gather(*jobs)
+    return trickle.ttft_ms, (results[1] if with_flood else 0)
+
+
+def run(args) -> list[dict]:
+    from tests.harness import Platform
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        model = make_tiny_model(home / "tiny", seed=0)
+        runner = EngineRunner(VllmEngine(VllmEngineConfig(model=model, max_model_len=512, max_num_seqs=MAX_SEQS,
+                                                          kv_cache_gb=0.25)), name="bench-engine").start()
+        platform = Platform(log_opener(args.log, home), runner, Settings(home=home, grace_s=30.0,
+                                                                         default_deadline_ms=300_000),
+                            max_in_flight=MAX_SEQS)
+        try:
+            (_, a_key), (b_id, b_key) = platform.tenant(), platform.tenant()
+            asyncio.run(platform_phase(platform.base_url, a_key, b_key, 3, 0.25, True))  # warm-up
+            phases = [
+                (f"B alone, through the platform ({args.log})",
+                 lambda: asyncio.run(platform_phase(platform.base_url, a_key, b_key, args.seconds, args.every, False))),
+                (f"A flood + B, through the platform ({args.log})",
+                 lambda: asyncio.run(platform_phase(platform.base_url, a_key, b_key, args.seconds, args.every, True))),
+                ("B alone, straight to vLLM",
+                 lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, False))),
+                ("A flood + B, straight to vLLM (FCFS)",
+                 lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True))),
+            ]
+            for name, phase in phases:
+                since = datetime.now(timezone.utc)
+                ttft, a_done = phase()
+                ttft = [t for t in ttft if t == t]
+                rows.append({"phase": name, "b_requests": len(ttft), "b_ttft_p50_ms": percentile(ttft, 0.5),
+                             "b_ttft_p95_ms": percentile(ttft, 0.95), "a_completed_per_s": a_done / args.seconds})
+                if "platform" in name:
+                    rows[-1].update(b_breakdown(platform.admin_log, b_id, since))
+                print(json.dumps(rows[-1]), flush=True)
+            platform.check()
+        finally:
+            platform.close()
+            runner.close()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]["b_ttft_p95_ms"]
+    lines = ["| phase | B requests | B TTFT p50 (ms) | B TTFT p95 (ms) | p95 / unloaded | B queued p95 (ms) "
+             "| B engine TTFT p95 (ms) | A completed/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        inside = (f"{row['b_queued_p95_ms']:.0f} | {row['b_engine_ttft_p95_ms']:.0f}" if "b_queued_p95_ms" in row
+                  else "- | -")
+        lines.append(f"| {row['phase']} | {row['b_requests']} | {row['b_ttft_p50_ms']:.0f} | "
+                     f"{row['b_ttft_p95_ms']:.0f} | {row['b_ttft_p95_ms'] / base:.2f}x | {inside} | "
+                     f"{row['a_completed_per_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def record(rows: list[dict], command: str, args) -> None:
+    load = os.getloadavg()[0]
+    entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC ({args.log} log)\n\n`{command}`\n\n"
+             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}); A keeps {FLOOD} requests of {A_TOKENS} tokens "
+             f"in flight, B sends one of {B_TOKENS} tokens every {args.every * 1000:.0f} ms for {args.seconds:.0f} s; "
+             f"{os.cpu_count()} CPUs, load average {load:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
+    head, _, tail = text.partition(SECTION)
+    rest = tail.split("\n## ", 1)
+    body = rest[0].rstrip("\n") + "\n" + entry
+    RESULTS.write_text(head + SECTION + body + ("\n## " + rest[1] if len(rest) > 1 else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--every", type=float, default=0.25, help="seconds between B's requests")
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    rows = run(args)
+    print(table(rows))
+    if not args.no_record:
+        record(rows, ".venv/bin/python tests/perf/bench_noisy_neighbour.py " + shlex.join(sys.argv[1:]), args)
+
+
+if __name__ == "__main__":
+    main()
