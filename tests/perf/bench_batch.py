@@ -9,8 +9,11 @@ warm engine, Parquet parts and the assembled output file in the object store; ti
 from the upload until the batch reads `completed`. Baseline: the same token ids through
 one `LLM.generate` call in this process, with the same engine arguments and the same
 in-process engine core. Rounds alternate baseline and platform, so a busy spell of a
-shared machine weighs on both; the median and best ratios are reported. Every request
-emits exactly `--max-tokens` tokens (`ignore_eos`, greedy): both make the same tokens.
+shared machine weighs on both; the median and best ratios are reported, and, steadier
+on a busy machine, the ratio of output tokens per CPU-second (every platform process
+against this one), and the platform's own share of the wall time (all but the worker's
+time in its chunks). Every request emits exactly `--max-tokens` tokens (`ignore_eos`,
+greedy), so both make the same tokens.
 
 Broker: Redis from LEDGERLM_TEST_REDIS when set, else the embedded SQLite broker. Event
 log: embedded SQLite, or Kafka with `--kafka`. Object store: S3 from LEDGERLM_TEST_S3*
@@ -23,6 +26,7 @@ import io
 import json
 import os
 import platform as host
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +50,19 @@ def prompts(n: int) -> list[str]:
     return [f"Entry {i} of the ledger: the merchant recorded a sale of {i * 7 % 97} barrels" for i in range(n)]
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes and their children, now alive."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        process = psutil.Process(pid)
+        for p in [process, *process.children(recursive=True)]:
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def baseline(config: VllmEngineConfig, token_ids: list[list[int]], max_tokens: int, tenant: str):
     from vllm import LLM, SamplingParams
 
@@ -54,11 +71,12 @@ def baseline(config: VllmEngineConfig, token_ids: list[list[int]], max_tokens: i
     llm.generate([{"prompt_token_ids": ids, "cache_salt": tenant} for ids in token_ids[:8]], params,
                  use_tqdm=False)  # warm-up
 
-    def run() -> tuple[float, int]:
-        began = time.monotonic()
+    def run() -> tuple[float, float, int]:
+        cpu, began = cpu_seconds([os.getpid()]), time.monotonic()
         outputs = llm.generate([{"prompt_token_ids": ids, "cache_salt": tenant} for ids in token_ids], params,
                                use_tqdm=False)
-        return time.monotonic() - began, sum(len(o.outputs[0].token_ids) for o in outputs)
+        return (time.monotonic() - began, cpu_seconds([os.getpid()]) - cpu,
+                sum(len(o.outputs[0].token_ids) for o in outputs))
 
     return llm, run
 
@@ -110,15 +128,17 @@ class PlatformRun:
         batch = self.client.batches.create(input_file_id=file.id, endpoint="/v1/completions", completion_window="24h")
         return self.plat.wait_terminal(lambda: self.client.batches.retrieve(batch.id), timeout_s=3600)
 
-    def run(self) -> tuple[float, int, list[float]]:
-        began = time.monotonic()
+    def run(self) -> tuple[float, float, int, list[float]]:
+        # CPU of every platform process: the worker (main and child), and this one (API, dispatcher).
+        pids = [self.plat.worker.proc.pid, os.getpid()]
+        cpu, began = cpu_seconds(pids), time.monotonic()
         done = self._submit(self.lines)
-        seconds = time.monotonic() - began
+        seconds, cpu = time.monotonic() - began, cpu_seconds(pids) - cpu
         assert done.status == "completed" and done.request_counts.completed == len(self.lines), done
         # Time the worker spent in its chunks (reading input, generating, writing the part).
         chunks = [env.payload for _, env in self.plat.events(self.tenant)
                   if isinstance(env.payload, BatchChunkCompleted) and env.payload.batch_id == done.id]
-        return seconds, done.usage.output_tokens, [c.duration_ms / 1000 for c in chunks]
+        return seconds, cpu, done.usage.output_tokens, [c.duration_ms / 1000 for c in chunks]
 
     def close(self) -> None:
         self.plat.close()
@@ -152,19 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     try:
         for _ in range(args.rounds):  # interleaved, so a busy spell of a shared machine hits both
-            base_s, base_tokens = run_baseline()
-            plat_s, plat_tokens, chunk_s = platform.run()
+            base_s, base_cpu, base_tokens = run_baseline()
+            plat_s, plat_cpu, plat_tokens, chunk_s = platform.run()
             assert plat_tokens == base_tokens == args.requests * args.max_tokens
             rounds.append({"baseline_tps": base_tokens / base_s, "platform_tps": plat_tokens / plat_s,
-                           "ratio": base_s / plat_s, "platform_s": plat_s, "worker_chunk_s": sum(chunk_s),
-                           "load_avg": os.getloadavg()[0]})
+                           "ratio": base_s / plat_s, "cpu_ratio": base_cpu / plat_cpu, "baseline_s": base_s,
+                           "platform_s": plat_s, "worker_chunk_s": sum(chunk_s), "baseline_cpu_s": base_cpu,
+                           "platform_cpu_s": plat_cpu, "load_avg": os.getloadavg()[0]})
     finally:
         platform.close()
-    ratios = sorted(r["ratio"] for r in rounds)
     result = {
         "requests": args.requests, "max_tokens": args.max_tokens, "output_tokens": args.requests * args.max_tokens,
         "chunk_size": args.chunk_size, "max_num_seqs": args.max_num_seqs, "platform": platform.info,
-        "rounds": rounds, "median_ratio": ratios[len(ratios) // 2],
+        "rounds": rounds, "median_ratio": statistics.median(r["ratio"] for r in rounds),
+        "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in rounds),
+        "platform_overhead": sum(r["platform_s"] - r["worker_chunk_s"] for r in rounds)
+        / sum(r["platform_s"] for r in rounds),
         "best_ratio": max(r["platform_tps"] for r in rounds) / max(r["baseline_tps"] for r in rounds),
         "cpus": os.cpu_count(), "python": host.python_version(),
     }
