@@ -26,7 +26,7 @@ class _Body(BaseModel):
     max_completion_tokens: int | None = Field(default=None, gt=0)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # what the engine (and Parquet) hold
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     stream: Literal[False] = False

@@ -99,7 +99,15 @@ class Reconciler:
         try:
             result = validate(batch, store=self.store, registry=registry, chunk_size=self.options.chunk_size,
                               max_requests=self.options.max_requests)
-        except BatchInputError as exc:
+        except (OSError, ConnectionError):
+            raise  # the store is unreachable: the unit is redone later
+        except Exception as exc:
+            if not isinstance(exc, BatchInputError):
+                # A fault in this input that validation did not foresee: fail this batch
+                # rather than retry it forever, holding up every batch of its partition.
+                logger.exception("validating %s failed", batch.batch_id)
+                exc = BatchInputError("validation_error", f"the input could not be validated: "
+                                      f"{type(exc).__name__}: {exc}")
             error_file = None
             if exc.invalid:  # every line was bad: the error file says why, line by line
                 out = _JsonlOut()

@@ -49,6 +49,8 @@ def test_a_completion_line_takes_one_prompt():
      "invalid_request"),
     (line(body={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 9}),
      "invalid_request"),
+    (line(body={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "seed": 2**70}),
+     "invalid_request"),
 ])
 def test_bad_lines_get_a_code_that_says_why(raw, code):
     with pytest.raises(LineError) as err:
