@@ -1,0 +1,83 @@
+"""The pool worker's queue: deadlines end work (queued or running), a cancel ends queued
+work before it starts, and a dedicated pool's worker takes only its pool's work. A fake
+engine stands in for vLLM; both event logs."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from models import topics
+from models.events import new_event
+from models.events_generation import CancelRequested
+from pipelines.routing import publish
+from tests.conftest import make_log_opener
+from tests.fake_engine import FakeEngine, outcomes, queue_work, run_until
+from workers.engine_runner import EngineRunner
+from workers.interactive import InteractiveWorker
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def opened(request, tmp_path):
+    open_log = make_log_opener(request.param, tmp_path)
+    logs, runners, workers = [], [], []
+
+    def make(*, hold: bool, capacity: int = 2, pool: str | None = None):
+        runner = EngineRunner(FakeEngine(hold=hold)).start()
+        log = open_log()
+        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=capacity, pool=pool,
+                                   worker_id=f"w-{uuid.uuid4().hex[:6]}")
+        logs.append(log), runners.append(runner), workers.append(worker)
+        return log, runner.engine, worker
+
+    yield make
+    for worker in workers:
+        worker._consumer.close()
+    for runner in runners:
+        runner.close()
+    for log in logs:
+        log.close()
+
+
+def ends(log, request_id: str) -> list:
+    return [e for e in outcomes(log).get(request_id, []) if e.event_type != "GenerationStarted"]
+
+
+def test_running_work_is_stopped_at_its_deadline(opened):
+    log, engine, worker = opened(hold=True)
+    run_until(worker, lambda: worker._consumer.assignment(), "the worker to join its group")
+    queue_work(log, "acme", "slow-1", deadline_s=1.5)
+    [end] = run_until(worker, lambda: ends(log, "slow-1"), "the deadline to end the generation")
+    assert engine.started == ["slow-1"]
+    assert end.event_type == "GenerationCancelled" and end.payload.reason == "deadline"
+
+
+def test_work_whose_deadline_passed_in_the_queue_is_expired_not_run(opened):
+    log, engine, worker = opened(hold=False)
+    queue_work(log, "acme", "stale-1", deadline_s=-1.0)
+    [end] = run_until(worker, lambda: ends(log, "stale-1"), "the stale item to end")
+    assert end.event_type == "GenerationFailed" and end.payload.error_code == "deadline_expired"
+    assert engine.started == []
+
+
+def test_cancelled_queued_work_never_starts(opened):
+    log, engine, worker = opened(hold=True, capacity=1)
+    queue_work(log, "acme", "first")
+    queue_work(log, "acme", "second")
+    run_until(worker, lambda: engine.started == ["first"] and worker.queued == 1, "one running, one queued")
+    publish(log, topics.REQUESTS, [new_event(CancelRequested(request_id="second", reason="client"),
+                                             tenant_id="acme", correlation_id="second")])
+    [end] = run_until(worker, lambda: ends(log, "second"), "the queued cancel to end it")
+    assert end.event_type == "GenerationCancelled" and end.payload.reason == "client"
+    assert end.payload.output_tokens == 0 and engine.started == ["first"]
+
+
+def test_a_dedicated_pool_worker_takes_only_its_own_pool(opened):
+    pool = "gold-" + uuid.uuid4().hex[:6]
+    log, engine, worker = opened(hold=False, pool=pool)
+    queue_work(log, "acme", "shared-1")
+    for _ in range(30):
+        worker.run_once(0.05)
+    assert engine.started == []
+    queue_work(log, "acme", "gold-1", topic=topics.work_topic(pool, "normal"))
+    run_until(worker, lambda: engine.started == ["gold-1"], "the dedicated pool's work to start")
