@@ -84,8 +84,10 @@ def reject(env: Envelope, decision: Reject, *, book: ReservationBook, now: datet
 
 def handle_requested(
     env: Envelope, *, registry: Registry, book: ReservationBook, now: datetime, grace: timedelta,
-    estimate: ServiceEstimate | None = None,
+    estimate: ServiceEstimate | None = None, queued_at: datetime | None = None,
 ) -> Outputs:
+    """Decides at `now` (the request's time); `queued_at` is when the work really queued (the
+    wall clock), which workers measure queue time from."""
     req: GenerationRequested = env.payload
     if book.decided(req.request_id):
         return []  # the same request delivered twice is decided once
@@ -111,8 +113,8 @@ def handle_requested(
     work_topic = topics.work_topic(limits.pool, req.priority)
     admitted = caused_by(env, GenerationAdmitted(
         request_id=req.request_id, reservation_id=reservation_id, work_topic=work_topic.name), occurred_at=now)
-    queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id, queued_at=now),
-                       occurred_at=now)
+    queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id,
+                                             queued_at=max(now, queued_at or now)), occurred_at=now)
     book.apply(reserved)
     return [(topics.LEDGER, reserved), (topics.LEDGER, admitted), (work_topic, queued)]
 
@@ -222,7 +224,7 @@ class AdmissionProcessor:
         p = env.payload
         if isinstance(p, GenerationRequested):
             return handle_requested(env, registry=registry, book=self.book, now=self._now(env.occurred_at),
-                                    grace=self._grace, estimate=self.estimate)
+                                    grace=self._grace, estimate=self.estimate, queued_at=datetime.now(timezone.utc))
         if isinstance(p, GenerationStarted):
             self.estimate.observe_queue(p.queued_ms)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
