@@ -61,17 +61,33 @@ class RequestStream:
         if self.ended:
             raise RuntimeError("the stream already ended")
         if self._buffer:
-            event = self._buffer.popleft()
-        else:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout_s
-            while True:
-                try:
-                    event = await asyncio.wait_for(self.sub.queue.get(), timeout=max(0.0, deadline - loop.time()))
-                except asyncio.TimeoutError:
-                    raise StreamTimeout() from None
-                if event.offset > self.after:
-                    break
+            return self._take(self._buffer.popleft())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                event = await asyncio.wait_for(self.sub.queue.get(), timeout=max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise StreamTimeout() from None
+            if event.offset > self.after:
+                return self._take(event)
+
+    def ready(self) -> list[StreamEvent]:
+        """The events already here, without waiting (so a burst goes out as one write)."""
+        out = []
+        while not self.ended:
+            if self._buffer:
+                out.append(self._take(self._buffer.popleft()))
+                continue
+            try:
+                event = self.sub.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if event.offset > self.after:
+                out.append(self._take(event))
+        return out
+
+    def _take(self, event: StreamEvent) -> StreamEvent:
         self.after = event.offset
         self.ended = is_end(event)
         if self._on_event is not None:

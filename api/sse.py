@@ -75,8 +75,11 @@ def stream_response(svc: Services, live: Live, render: Callable[[StreamEvent], I
 async def _frames(svc: Services, live: Live, render, on_timeout) -> AsyncIterator[bytes]:
     try:
         async for event in live.events():
-            for chunk in render(event):
-                yield chunk
+            chunks = [*render(event)]
+            for more in live.stream.ready():  # a burst goes out as one write
+                chunks += render(more)
+            if chunks:
+                yield b"".join(chunks)
     except StreamTimeout:
         yield on_timeout()
     finally:

@@ -31,8 +31,13 @@ class Subscription:
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self._hub, self._loop = hub, loop
 
-    def deliver(self, event: StreamEvent) -> None:
-        self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+    def deliver(self, events: list[StreamEvent]) -> None:
+        """Hands over a batch in one wake-up of the subscriber's loop."""
+        self._loop.call_soon_threadsafe(self._put_all, events)
+
+    def _put_all(self, events: list[StreamEvent]) -> None:
+        for event in events:
+            self.queue.put_nowait(event)
 
     def close(self) -> None:
         self._hub.unsubscribe(self)
@@ -95,23 +100,27 @@ class StreamHub:
                 logger.exception("stream follower failed to read; retrying")
                 self._stop.wait(0.5)
                 continue
+            batches: dict[Subscription, list[StreamEvent]] = {}
             for record in records:
-                self._deliver(record)
+                for sub, event in self._route(record):
+                    batches.setdefault(sub, []).append(event)
                 self._positions[record.partition] = record.offset + 1
+            for sub, events in batches.items():
+                sub.deliver(events)
 
-    def _deliver(self, record) -> None:
+    def _route(self, record) -> list[tuple[Subscription, StreamEvent]]:
+        """Who this record goes to: decided now, so a later subscriber never gets it."""
         with self._lock:
             if record.key not in self._subs:
-                return
+                return []
         try:
             env = decode(record.value)
         except EventDecodeError:
-            return
+            return []
         with self._lock:
             subs = [s for s in self._subs.get(env.correlation_id, ()) if s.tenant_id == env.tenant_id]
         event = StreamEvent(record.offset, env)
-        for sub in subs:
-            sub.deliver(event)
+        return [(sub, event) for sub in subs]
 
     def stop(self) -> None:
         self._stop.set()

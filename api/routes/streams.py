@@ -48,8 +48,10 @@ async def generation_events(request_id: str, principal: GenerateDep, svc: Servic
 async def _frames(stream: RequestStream, after: int | None, wait_s: float):
     try:
         async for event in stream.events(wait_s):
-            if after is None or event.offset > after:
-                yield frame(event_json(event), event.offset)
+            burst = [event, *stream.ready()]  # history comes in bursts: one write each
+            chunks = [frame(event_json(e), e.offset) for e in burst if after is None or e.offset > after]
+            if chunks:
+                yield b"".join(chunks)
     except StreamTimeout:
         yield timeout_frame()
     finally:

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from pipelines.eventlog.base import EventLog, GroupConsumer, Message, Record, TopicSpec
+from pipelines.eventlog.base import EventLog, GroupConsumer, Message, Record, Tail, TopicSpec
 from pipelines.eventlog.embedded_groups import EmbeddedGroupConsumer, GroupOptions
 from pipelines.eventlog.embedded_store import (
     check_partition, connect, create_schema, insert_records, now_ms, partition_count, select_records, write_txn,
@@ -123,6 +123,11 @@ class EmbeddedEventLog(EventLog):
         self._conn.execute(
             "UPDATE partition_ends SET low_offset = MAX(low_offset, ?) WHERE topic = ? AND partition = ?", (young, *tp))
         return gone
+
+    def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
+        from pipelines.eventlog.embedded_tail import EmbeddedTail  # one statement per change, not per partition
+
+        return EmbeddedTail(self, topic, offsets)
 
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         member = EmbeddedGroupConsumer(

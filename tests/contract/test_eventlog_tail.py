@@ -1,0 +1,88 @@
+"""`EventLog.tail`: the adapters' own tails (`EmbeddedTail`, `KafkaTail`) and the
+generic `Tail` behave alike: from the given offsets, only the chosen partitions, each
+partition in order, what other handles append, nothing twice, a backlog in bounded polls."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from pipelines.eventlog import EventLog, Message, TopicSpec
+from pipelines.eventlog.base import Tail
+from pipelines.eventlog.embedded import EmbeddedEventLog
+from pipelines.eventlog.kafka import KafkaEventLog
+
+
+def drain(tail: Tail, want: int, timeout_s: float = 30.0, max_records: int = 500) -> list:
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        batch = tail.poll(max_records=max_records, timeout_s=0.2)
+        assert len(batch) <= max_records
+        got += batch
+    return got
+
+
+class TailContract:
+    def open_log(self) -> EventLog:
+        raise NotImplementedError
+
+    @pytest.fixture(params=["adapter", "generic"])
+    def make_tail(self, request):
+        def make(log: EventLog, topic: str, offsets: dict[int, int]) -> Tail:
+            return log.tail(topic, offsets) if request.param == "adapter" else Tail(log, topic, offsets)
+
+        return make
+
+    def test_follows_chosen_partitions_from_offsets_in_order(self, make_tail):
+        topic = f"tail-{uuid.uuid4().hex[:10]}"
+        writer, reader = self.open_log(), self.open_log()
+        try:
+            writer.ensure_topics([TopicSpec(topic, 3)])
+            writer.append(topic, [Message("k", f"old-{p}".encode(), partition=p) for p in range(3)])
+            tail = make_tail(reader, topic, {0: 1, 1: 0})
+            writer.append(topic, [Message("k", f"{p}-{i}".encode(), partition=p) for i in range(5) for p in range(3)])
+            got = drain(tail, 11)
+            assert tail.poll(timeout_s=0.3) == []
+            tail.close()
+        finally:
+            writer.close()
+            reader.close()
+        assert {r.partition for r in got} == {0, 1}
+        by_partition = {p: [r.value.decode() for r in got if r.partition == p] for p in (0, 1)}
+        assert by_partition[0] == [f"0-{i}" for i in range(5)]
+        assert by_partition[1] == ["old-1"] + [f"1-{i}" for i in range(5)]
+        assert all(r.topic == topic for r in got)
+
+    def test_a_backlog_comes_in_bounded_polls_and_reaches_every_partition(self, make_tail):
+        topic = f"tail-{uuid.uuid4().hex[:10]}"
+        log = self.open_log()
+        try:
+            log.ensure_topics([TopicSpec(topic, 2)])
+            log.append(topic, [Message("k", b"busy", partition=0) for _ in range(300)])
+            log.append(topic, [Message("k", b"quiet", partition=1)])
+            tail = make_tail(log, topic, {0: 0, 1: 0})
+            got = drain(tail, 301, max_records=50)
+            assert tail.poll(max_records=50, timeout_s=0.2) == []
+            tail.close()
+        finally:
+            log.close()
+        assert len(got) == 301 and sum(r.value == b"quiet" for r in got) == 1
+
+
+class TestEmbeddedTail(TailContract):
+    @pytest.fixture(autouse=True)
+    def _store(self, tmp_path):
+        self.path = tmp_path / "eventlog.db"
+
+    def open_log(self) -> EventLog:
+        return EmbeddedEventLog(self.path)
+
+
+class TestKafkaTail(TailContract):
+    @pytest.fixture(autouse=True)
+    def _broker(self, kafka_test_servers):
+        self.servers = kafka_test_servers
+
+    def open_log(self) -> EventLog:
+        return KafkaEventLog(self.servers(), client_id="ledgerlm-tail-contract", timeout_s=30.0)

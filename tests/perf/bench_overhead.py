@@ -1,0 +1,222 @@
+"""Platform overhead: the same prompts on the same engine, straight into vLLM's AsyncLLM
+and through the platform (HTTP → log → admission → worker → log → SSE), on the embedded
+log and on Kafka, in one run.
+
+    set -a && . .local/services.env && set +a
+    .venv/bin/python tests/perf/bench_overhead.py [--latency-requests 40] [--seconds 15]
+
+Per path: TTFT and inter-token latency p50/p95 from sequential requests (one at a time,
+so the engine is idle and the numbers are the path's own), then output tokens/s at
+saturation (`--concurrency` streams kept busy, twice the engine's sequences). For the
+platform paths the load comes from a separate client process, as it would in production,
+so the client's parsing does not share the platform's interpreter; straight into vLLM the
+client is the coroutine on the engine's loop, as the worker's is. Latencies are measured
+where the client sees them: request sent to first token; between token arrivals (a
+frame carrying n tokens counts as n gaps of 1/n each). Goal: added TTFT p50 ≤ 10 ms,
+throughput ≥ 0.85x direct. Appends the table to the "Overhead" section of RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "tests" / "perf" / "RESULTS.md"
+SECTION = "## Overhead"
+MAX_SEQS = 8
+LATENCY_TOKENS, SATURATION_TOKENS = 32, 64
+
+
+def prompt(i: int) -> str:
+    return f"Request {i}: tell me everything about the number {i}."
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def summary(ttft: list[float], gaps: list[float], tokens: int, seconds: float) -> dict:
+    return {"ttft_p50_ms": percentile(ttft, 0.5) * 1000, "ttft_p95_ms": percentile(ttft, 0.95) * 1000,
+            "itl_p50_ms": percentile(gaps, 0.5) * 1000, "itl_p95_ms": percentile(gaps, 0.95) * 1000,
+            "tokens_per_s": tokens / seconds, "requests": len(ttft)}
+
+
+class Measured:
+    """Arrivals of one request's tokens: (time, count) pairs after the send time."""
+
+    def __init__(self):
+        self.t0, self.arrivals = time.monotonic(), []
+
+    def tokens(self, count: int) -> None:
+        if count:
+            self.arrivals.append((time.monotonic(), count))
+
+    def ttft(self) -> float:
+        return self.arrivals[0][0] - self.t0
+
+    def gaps(self) -> list[float]:
+        out = []
+        for (before, _), (at, count) in zip(self.arrivals, self.arrivals[1:]):
+            out += [(at - before) / count] * count
+        return out
+
+
+async def drive(one, latency_requests: int, concurrency: int, seconds: float) -> dict:
+    """Sequential requests for latency, then `concurrency` loops for `seconds` for throughput."""
+    for i in range(3):  # warm-up
+        await one(10_000_000 + i, LATENCY_TOKENS)
+    runs = [await one(i, LATENCY_TOKENS) for i in range(latency_requests)]
+    ttft = [m.ttft() for m in runs]
+    gaps = [g for m in runs for g in m.gaps()]
+    start, tokens = time.monotonic(), 0
+    end = start + seconds
+
+    async def loop(k: int) -> None:
+        nonlocal tokens
+        i = 0
+        while time.monotonic() < end:
+            m = await one(1_000_000 * (k + 1) + i, SATURATION_TOKENS)
+            tokens += sum(c for at, c in m.arrivals if at <= end)
+            i += 1
+
+    await asyncio.gather(*(loop(k) for k in range(concurrency)))
+    return summary(ttft, gaps, tokens, seconds)
+
+
+async def direct(llm, args) -> dict:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    async def one(i: int, max_tokens: int) -> Measured:
+        m = Measured()
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        (engine_input,) = await llm.renderer.render_cmpl_async([{"prompt": prompt(i), "cache_salt": "bench"}])
+        async for output in llm.generate(engine_input, params, uuid.uuid4().hex):
+            m.tokens(len(output.outputs[0].token_ids))
+        return m
+
+    return await drive(one, args.latency_requests, args.concurrency, args.seconds)
+
+
+async def client(base_url: str, key: str, args) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=args.concurrency + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits,
+                                 headers={"Authorization": f"Bearer {key}"}) as http:
+        async def one(i: int, max_tokens: int) -> Measured:
+            body = {"model_alias": "tiny", "input": prompt(i), "max_output_tokens": max_tokens, "ignore_eos": True}
+            m = Measured()
+            async with http.stream("POST", "/v1/generations", json=body) as response:
+                assert response.status_code == 200, await response.aread()
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {") and '"tokens"' in line:
+                        m.tokens(json.loads(line[6:])["token_count"])
+            return m
+
+        return await drive(one, args.latency_requests, args.concurrency, args.seconds)
+
+
+def through_platform(kind: str, runner, home: Path, args) -> dict:
+    from models.settings import Settings
+    from tests.harness import Platform
+    from tests.perf.bench_noisy_neighbour import log_opener
+
+    platform = Platform(log_opener(kind, home / kind), runner,
+                        Settings(home=home / kind, grace_s=30.0, default_deadline_ms=300_000), max_in_flight=MAX_SEQS)
+    try:
+        _, key = platform.tenant()
+        out = subprocess.run([sys.executable, __file__, "--client", platform.base_url, key, *client_args(args)],
+                             capture_output=True, text=True, check=True, timeout=900)
+        platform.check()
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        platform.close()
+
+
+def client_args(args) -> list[str]:
+    return ["--latency-requests", str(args.latency_requests), "--seconds", str(args.seconds),
+            "--concurrency", str(args.concurrency)]
+
+
+def run(args) -> dict[str, dict]:
+    from workers.engine_runner import EngineRunner
+    from workers.tiny_model import make_tiny_model
+    from workers.vllm_engine import VllmEngine, VllmEngineConfig
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        config = VllmEngineConfig(model=make_tiny_model(home / "tiny", seed=0), max_model_len=512,
+                                  max_num_seqs=MAX_SEQS, kv_cache_gb=0.25)
+        runner = EngineRunner(VllmEngine(config), name="bench-engine").start()
+        try:
+            rows["straight into vLLM AsyncLLM"] = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
+            print(json.dumps(rows), flush=True)
+            for kind in args.logs:
+                rows[f"through the platform ({kind} log)"] = through_platform(kind, runner, home, args)
+                print(json.dumps(rows), flush=True)
+        finally:
+            runner.close()
+    return rows
+
+
+def table(rows: dict[str, dict]) -> str:
+    base = next(iter(rows.values()))
+    lines = ["| path | TTFT p50 (ms) | TTFT p95 (ms) | added TTFT p50 (ms) | inter-token p50 (ms) "
+             "| inter-token p95 (ms) | output tokens/s at saturation | vs direct |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p95_ms']:.1f} | "
+                     f"{r['ttft_p50_ms'] - base['ttft_p50_ms']:+.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p95_ms']:.2f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
+    return "\n".join(lines)
+
+
+def record(rows: dict[str, dict], command: str, args) -> None:
+    entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n\n`{command}`\n\n"
+             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}), CPU; {args.latency_requests} sequential "
+             f"requests of {LATENCY_TOKENS} tokens for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token "
+             f"requests for {args.seconds:.0f} s for throughput; {os.cpu_count()} CPUs, load average "
+             f"{os.getloadavg()[0]:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
+    head, _, tail = text.partition(SECTION)
+    rest = tail.split("\n## ", 1)
+    body = rest[0].rstrip("\n") + "\n" + entry
+    RESULTS.write_text(head + SECTION + body + ("\n## " + rest[1] if len(rest) > 1 else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--logs", nargs="+", choices=["embedded", "kafka"], default=["embedded", "kafka"])
+    parser.add_argument("--latency-requests", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)
+    parser.add_argument("--client", nargs=2, metavar=("BASE_URL", "KEY"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    if args.client:
+        print(json.dumps(asyncio.run(client(*args.client, args))))
+        return
+    rows = run(args)
+    print(table(rows))
+    if not args.no_record:
+        record(rows, ".venv/bin/python tests/perf/bench_overhead.py " + shlex.join(sys.argv[1:]), args)
+
+
+if __name__ == "__main__":
+    main()
