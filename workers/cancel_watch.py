@@ -15,22 +15,21 @@ from workers.engine_runner import EngineRunner
 
 class CancelWatch:
     REMEMBER = 50_000  # recent cancels kept for queued work; older ones have long expired
-    EVERY_S = 0.02  # at most this often: cancels are rare and reading every partition is not free
+    EVERY_S = 0.05  # at most this often: cancels are rare and looking at every partition is not free
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine):
-        self._runner, self._engine = runner, engine
+        self._log, self._runner, self._engine = log, runner, engine
         self.in_flight: dict[str, str] = {}  # request_id -> reason once cancelled, "" before
         self.cancelled: OrderedDict[str, str] = OrderedDict()  # request_id -> reason
         self._new: set[str] = set()
         self._next_poll = 0.0
-        ends = {p: log.end_offset(topics.REQUESTS.name, p) for p in range(log.partitions(topics.REQUESTS.name))}
-        self._tail = log.tail(topics.REQUESTS.name, ends)
+        self._next = {p: log.end_offset(topics.REQUESTS.name, p) for p in range(log.partitions(topics.REQUESTS.name))}
 
     def poll(self) -> None:
         if time.monotonic() < self._next_poll:
             return
         self._next_poll = time.monotonic() + self.EVERY_S
-        for record in self._tail.poll(max_records=1000, timeout_s=0):
+        for record in self._new_records():
             try:
                 env = decode(record.value)
             except EventDecodeError:
@@ -45,6 +44,19 @@ class CancelWatch:
             if request_id in self.in_flight and not self.in_flight[request_id]:
                 self.in_flight[request_id] = reason
                 self._runner.submit_nowait(self._engine.abort(request_id))
+
+    def _new_records(self) -> list:
+        # Where a partition ends is one cheap question; a read that finds nothing is not
+        # (on Kafka it waits out a fetch), and most partitions have nothing new.
+        records = []
+        for partition, offset in self._next.items():
+            if self._log.end_offset(topics.REQUESTS.name, partition) <= offset:
+                continue
+            batch = self._log.read(topics.REQUESTS.name, partition, offset, max_records=1000)
+            if batch:
+                self._next[partition] = batch[-1].offset + 1
+                records += batch
+        return records
 
     def pending_for(self, queued: dict) -> bool:
         """Whether a cancel seen since the last call is for work still queued."""

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import time
 from concurrent.futures import Executor
+from contextlib import aclosing
 from datetime import datetime, timezone
 
 from models import topics
@@ -81,27 +82,38 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
         if req.deadline_at is not None:
             left_s = (req.deadline_at - datetime.now(timezone.utc)).total_seconds()
             timer = loop.call_later(max(0.0, left_s), cancels.expire, req.request_id)
-        finish_reason = None
-        if not cancels.cancelled.get(req.request_id):  # cancelled between taking and starting
+        finish_reason, ran = None, False
+
+        def stopped() -> str | None:
+            return cancels.in_flight.get(req.request_id) or cancels.cancelled.get(req.request_id)
+
+        # A cancel or the deadline may come before the engine knows the request, where an
+        # abort finds nothing to abort: look before starting, and at every delta.
+        if not stopped():
             prompt = await blocking(fetch_prompt, log, req.prompt_ref)
+        if not stopped():
+            ran = True
             engine_request = EngineRequest(
                 request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
                 tenant_id=queued_env.tenant_id, priority=PRIORITY.get(req.priority, 1),
                 temperature=req.sampling.temperature, top_p=req.sampling.top_p, seed=req.sampling.seed,
                 stop=req.sampling.stop, ignore_eos=req.sampling.ignore_eos,
             )
-            async for delta in engine.generate(engine_request):
-                if delta.text or delta.new_tokens:
-                    if first_token_ms is None:
-                        first_token_ms = int((time.monotonic() - t0) * 1000)
-                    pending_text.append(delta.text)
-                    pending_tokens += delta.new_tokens
-                    output_tokens += delta.new_tokens
-                    digest.update(delta.text.encode())
-                    if flusher is None or flusher.done():
-                        flusher = asyncio.ensure_future(flush())
-                if delta.finished:
-                    finish_reason = delta.finish_reason
+            async with aclosing(engine.generate(engine_request)) as deltas:
+                async for delta in deltas:  # leaving early closes the stream, which aborts it
+                    if delta.text or delta.new_tokens:
+                        if first_token_ms is None:
+                            first_token_ms = int((time.monotonic() - t0) * 1000)
+                        pending_text.append(delta.text)
+                        pending_tokens += delta.new_tokens
+                        output_tokens += delta.new_tokens
+                        digest.update(delta.text.encode())
+                        if flusher is None or flusher.done():
+                            flusher = asyncio.ensure_future(flush())
+                    if delta.finished:
+                        finish_reason = delta.finish_reason
+                    elif stopped():
+                        break
             if flusher is not None:
                 await flusher
             await flush()
@@ -109,7 +121,7 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
                          or ("deadline" if finish_reason == "abort" else None))
         if cancel_reason:
             terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
-                                           input_tokens=req.input_tokens if finish_reason else 0,
+                                           input_tokens=req.input_tokens if ran else 0,
                                            output_tokens=output_tokens, timings=timings())
         else:
             terminal = GenerationCompleted(
