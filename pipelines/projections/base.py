@@ -29,10 +29,11 @@ class Event:
     """
 
     __slots__ = ("topic", "partition", "offset", "value", "type", "event_id", "tenant_id", "correlation_id",
-                 "occurred_at", "payload")
+                 "occurred_at", "payload", "_at")
 
     def __init__(self, record: Record, data: dict[str, Any] | None):
         self.topic, self.partition, self.offset, self.value = record.topic, record.partition, record.offset, record.value
+        self._at = False  # parsed on first use, then kept: several projections ask
         if data is None:
             self.type = self.event_id = self.tenant_id = self.correlation_id = self.occurred_at = None
             self.payload: dict[str, Any] = {}
@@ -45,7 +46,9 @@ class Event:
         self.payload = data.get("payload") or {}
 
     def at(self) -> datetime | None:
-        return parse_time(self.occurred_at)
+        if self._at is False:
+            self._at = parse_time(self.occurred_at)
+        return self._at
 
     def __repr__(self) -> str:
         return f"Event({self.type} {self.topic}/{self.partition}@{self.offset})"

@@ -185,16 +185,25 @@ class ProjectionRunner:
             with conn.begin():
                 if self._read_positions(conn) != old:
                     raise PositionsMoved("projection positions changed under this runner; reloading")
+                floor = {tp: min(p[tp] for p in old.values()) for tp in next(iter(old.values()))}
                 for projection in self.projections:
                     mine = old[projection.name]
-                    types, names = projection.handles, projection.topics
-                    batch = [e for e in events if e.offset >= mine[(e.topic, e.partition)]
-                             and (types is None or e.type in types) and (names is None or e.topic in names)]
+                    batch = self._events_for(projection, events, mine, ahead=any(mine[tp] > floor[tp] for tp in mine))
                     if batch:
                         projection.apply(conn, batch)
                     moved = [{"projection": projection.name, "topic": tp[0], "partition": tp[1], "next_offset": pos}
                              for tp, pos in new[projection.name].items() if pos != mine[tp]]
                     upsert(conn, tables.checkpoints, moved)
+
+    @staticmethod
+    def _events_for(projection: Projection, events: list[Event], mine: dict[TP, int], *, ahead: bool) -> list[Event]:
+        """The batch's events this projection reads: of its types and topics, and (only when
+        it is ahead of another projection, say a newly added one) not already applied."""
+        types, names = projection.handles, projection.topics
+        if types is None and names is None and not ahead:
+            return events
+        return [e for e in events if (types is None or e.type in types) and (names is None or e.topic in names)
+                and (not ahead or e.offset >= mine[(e.topic, e.partition)])]
 
     # -- loops ---------------------------------------------------------------------------
 
