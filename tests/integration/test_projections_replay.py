@@ -131,7 +131,6 @@ def test_transactional_writes_are_projected_and_their_markers_stepped_over(ledge
 
 def test_a_projection_added_later_catches_up_while_the_others_skip_what_they_have(embedded_ledger_log, tmp_path):
     from migrations.runner import upgrade
-    from pipelines.projections import all_projections
     from pipelines.projections.generations import GenerationsProjection
 
     log = embedded_ledger_log()
@@ -145,5 +144,4 @@ def test_a_projection_added_later_catches_up_while_the_others_skip_what_they_hav
     engine = open_projection_db(url)
     again = replay(log, f"sqlite:///{tmp_path / 'again.db'}", SIGNER, checkpoint_every=EVERY)
     assert digests(table_digests(engine)) == digests(again.digests)
-    assert len(all_projections(SIGNER)) > 1
     engine.dispose()
