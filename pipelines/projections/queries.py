@@ -3,7 +3,7 @@ tenant takes its tenant id and filters on it: another tenant's row is never retu
 so it looks exactly like a missing one."""
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, tuple_
