@@ -1,7 +1,12 @@
 """Follows the requests topic for `CancelRequested`: aborts cancelled requests in flight,
-and remembers recent cancels so queued work that was cancelled never starts."""
+and remembers recent cancels so queued work that was cancelled never starts.
+
+It runs in its own thread (`start`): looking at every partition of the requests topic
+takes a round trip per partition on Kafka, which the worker's loop should not wait for."""
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections import OrderedDict
 
@@ -11,6 +16,8 @@ from models.events_generation import CancelRequested
 from pipelines.eventlog import EventLog
 from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner
+
+logger = logging.getLogger(__name__)
 
 
 class CancelWatch:
@@ -24,6 +31,25 @@ class CancelWatch:
         self._new: set[str] = set()
         self._next_poll = 0.0
         self._next = {p: log.end_offset(topics.REQUESTS.name, p) for p in range(log.partitions(topics.REQUESTS.name))}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, name: str = "cancel-watch") -> None:
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.poll()
+                except Exception:  # a log hiccup must not stop cancels for good
+                    logger.exception("reading cancels failed; retrying")
+                self._stop.wait(self.EVERY_S)  # the pace of looking, not a synchronisation
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
 
     def poll(self) -> None:
         if time.monotonic() < self._next_poll:
@@ -61,7 +87,7 @@ class CancelWatch:
     def pending_for(self, queued: dict) -> bool:
         """Whether a cancel seen since the last call is for work still queued."""
         new, self._new = self._new, set()
-        return any(request_id in queued for request_id in new)
+        return any(request_id in queued for request_id in list(new))
 
     def expire(self, request_id: str) -> None:
         """Aborts running work whose deadline has come."""

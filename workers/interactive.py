@@ -62,6 +62,7 @@ class InteractiveWorker:
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
         self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
         self._cancels = CancelWatch(log, runner, engine)
+        self._cancels.start(name=f"{self.worker_id}-cancels")
         self._lookahead = lookahead
         self._quantum = quantum
         self._slots = Headroom(self.capacity)
@@ -91,7 +92,6 @@ class InteractiveWorker:
         return len(self._queue)
 
     def run_once(self, timeout_s: float = 0.2) -> int:
-        self._cancels.poll()
         room = self._lookahead - len(self._queue)
         wait = timeout_s if not len(self._queue) else min(timeout_s, 0.01)
         records = self._consumer.poll(max_records=min(500, room), timeout_s=wait) if room > 0 else []
@@ -233,5 +233,6 @@ class InteractiveWorker:
         deadline = time.monotonic() + drain_timeout_s
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._cancels.stop()
         self._consumer.close()
         self._io.shutdown(wait=False)

@@ -81,6 +81,7 @@ def test_a_worker_killed_mid_stream_ends_the_request_and_settles_once(platform):
         worker_log.severed = True
         platform.runner.submit(platform.runner.engine.abort(request_id), timeout=10)
         doomed.worker._consumer.close()
+        doomed.worker._cancels.stop()
 
         rest = list(frames)
         ended_after_s = time.monotonic() - started_at

@@ -35,6 +35,7 @@ def test_work_taken_out_of_order_is_neither_lost_nor_run_twice_after_a_crash(kin
         assert sorted(holding.engine.started) == sorted([order[0], order[4]])
     finally:
         first._consumer.close()  # dies: no terminal events, no further commits
+        first._cancels.stop()
         holding.close()
 
     finishing = EngineRunner(FakeEngine(hold=False)).start()

@@ -32,6 +32,7 @@ def opened(request, tmp_path):
 
     yield make
     for worker in workers:
+        worker._cancels.stop()
         worker._consumer.close()
     for runner in runners:
         runner.close()
