@@ -11,8 +11,9 @@ one `LLM.generate` call in this process, with the same engine arguments and the 
 in-process engine core. Rounds alternate baseline and platform, so a busy spell of a
 shared machine weighs on both; the median and best ratios are reported, and, steadier
 on a busy machine, the ratio of output tokens per CPU-second (every platform process
-against this one), and the platform's own share of the wall time (all but the worker's
-time in its chunks). Every request emits exactly `--max-tokens` tokens (`ignore_eos`,
+against this one), the platform's own share of the wall time (all but the worker's
+time in its chunks), and the worker's way of calling the engine (a call per chunk, a
+SamplingParams per request) timed on the baseline's engine in this process. Every request emits exactly `--max-tokens` tokens (`ignore_eos`,
 greedy), so both make the same tokens.
 
 Broker: Redis from LEDGERLM_TEST_REDIS when set, else the embedded SQLite broker. Event
@@ -50,17 +51,13 @@ def prompts(n: int) -> list[str]:
     return [f"Entry {i} of the ledger: the merchant recorded a sale of {i * 7 % 97} barrels" for i in range(n)]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes and their children, now alive."""
+def cpu_seconds(pid: int, *, tree: bool) -> float:
+    """User + system CPU time of a process, and of its live descendants when `tree`."""
     import psutil
 
-    total = 0.0
-    for pid in pids:
-        process = psutil.Process(pid)
-        for p in [process, *process.children(recursive=True)]:
-            times = p.cpu_times()
-            total += times.user + times.system
-    return total
+    process = psutil.Process(pid)
+    return sum(t.user + t.system for t in (p.cpu_times() for p in
+                                           [process, *(process.children(recursive=True) if tree else [])]))
 
 
 def baseline(config: VllmEngineConfig, token_ids: list[list[int]], max_tokens: int, tenant: str):
@@ -72,13 +69,23 @@ def baseline(config: VllmEngineConfig, token_ids: list[list[int]], max_tokens: i
                  use_tqdm=False)  # warm-up
 
     def run() -> tuple[float, float, int]:
-        cpu, began = cpu_seconds([os.getpid()]), time.monotonic()
+        cpu, began = cpu_seconds(os.getpid(), tree=False), time.monotonic()
         outputs = llm.generate([{"prompt_token_ids": ids, "cache_salt": tenant} for ids in token_ids], params,
                                use_tqdm=False)
-        return (time.monotonic() - began, cpu_seconds([os.getpid()]) - cpu,
+        return (time.monotonic() - began, cpu_seconds(os.getpid(), tree=False) - cpu,
                 sum(len(o.outputs[0].token_ids) for o in outputs))
 
-    return llm, run
+    def run_chunked(chunk_size: int) -> float:
+        """The worker's own way on this engine: one call per chunk, one SamplingParams per request."""
+        began = time.monotonic()
+        for start in range(0, len(token_ids), chunk_size):
+            part = token_ids[start:start + chunk_size]
+            llm.generate([{"prompt_token_ids": ids, "cache_salt": tenant} for ids in part],
+                         [SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True) for _ in part],
+                         use_tqdm=False)
+        return time.monotonic() - began
+
+    return run, run_chunked
 
 
 def platform_settings(args, home: Path) -> tuple[Settings, object, str]:
@@ -130,10 +137,14 @@ class PlatformRun:
 
     def run(self) -> tuple[float, float, int, list[float]]:
         # CPU of every platform process: the worker (main and child), and this one (API, dispatcher).
-        pids = [self.plat.worker.proc.pid, os.getpid()]
-        cpu, began = cpu_seconds(pids), time.monotonic()
+        def worker_cpu() -> float:
+            return cpu_seconds(self.plat.worker.proc.pid, tree=True)
+
+        worker, here, began = worker_cpu(), cpu_seconds(os.getpid(), tree=False), time.monotonic()
         done = self._submit(self.lines)
-        seconds, cpu = time.monotonic() - began, cpu_seconds(pids) - cpu
+        seconds = time.monotonic() - began
+        self.api_and_dispatcher_cpu_s = cpu_seconds(os.getpid(), tree=False) - here
+        cpu = worker_cpu() - worker + self.api_and_dispatcher_cpu_s
         assert done.status == "completed" and done.request_counts.completed == len(self.lines), done
         # Time the worker spent in its chunks (reading input, generating, writing the part).
         chunks = [env.payload for _, env in self.plat.events(self.tenant)
@@ -167,18 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = tokenizer_for(str(model))
     token_ids = [encode_completion(tokenizer, text) for text in texts]
 
-    _, run_baseline = baseline(config, token_ids, args.max_tokens, tenant="bench")
+    run_baseline, run_chunked = baseline(config, token_ids, args.max_tokens, tenant="bench")
     platform = PlatformRun(args, model, engine_config_hash(config), lines)
     rounds = []
     try:
         for _ in range(args.rounds):  # interleaved, so a busy spell of a shared machine hits both
             base_s, base_cpu, base_tokens = run_baseline()
             plat_s, plat_cpu, plat_tokens, chunk_s = platform.run()
+            chunked_s = run_chunked(args.chunk_size)
             assert plat_tokens == base_tokens == args.requests * args.max_tokens
             rounds.append({"baseline_tps": base_tokens / base_s, "platform_tps": plat_tokens / plat_s,
                            "ratio": base_s / plat_s, "cpu_ratio": base_cpu / plat_cpu, "baseline_s": base_s,
+                           "chunked_here_s": chunked_s,
                            "platform_s": plat_s, "worker_chunk_s": sum(chunk_s), "baseline_cpu_s": base_cpu,
-                           "platform_cpu_s": plat_cpu, "load_avg": os.getloadavg()[0]})
+                           "platform_cpu_s": plat_cpu,
+                           "api_and_dispatcher_cpu_s": platform.api_and_dispatcher_cpu_s,
+                           "load_avg": os.getloadavg()[0]})
     finally:
         platform.close()
     result = {
@@ -186,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk_size": args.chunk_size, "max_num_seqs": args.max_num_seqs, "platform": platform.info,
         "rounds": rounds, "median_ratio": statistics.median(r["ratio"] for r in rounds),
         "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in rounds),
+        "median_chunked_here_ratio": statistics.median(r["baseline_s"] / r["chunked_here_s"] for r in rounds),
         "platform_overhead": sum(r["platform_s"] - r["worker_chunk_s"] for r in rounds)
         / sum(r["platform_s"] for r in rounds),
         "best_ratio": max(r["platform_tps"] for r in rounds) / max(r["baseline_tps"] for r in rounds),
