@@ -117,7 +117,7 @@ class Platform:
         """A pool worker on the shared engine (`pool` None: the shared pool, which `self.worker`
         names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would."""
         worker = InteractiveWorker(log or self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
-                                   worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool)
+                                   worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool, cancel_log=self._log())
         if pool is None:
             self.worker = worker
         loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), close or worker.close).start()

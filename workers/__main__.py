@@ -53,12 +53,15 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
     log = open_log(settings)
     runner = EngineRunner(VllmEngine.from_settings(settings)).start()
     try:
-        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool)
+        cancel_log = open_log(settings, create_topics=False)
+        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
+                                   cancel_log=cancel_log)
         print(json.dumps({"worker": worker.worker_id, "ready": True}), flush=True)
         try:
             worker.run(stop)
         finally:
             worker.close()
+            cancel_log.close()
     finally:
         runner.close()
         log.close()

@@ -47,13 +47,14 @@ def engine_capacity(engine: InferenceEngine, default: int = 8) -> int:
 
 
 class InteractiveWorker:
-    """`pool` None is the shared interactive pool; a name serves only that dedicated pool."""
+    """`pool` None is the shared interactive pool; a name serves only that dedicated pool.
+    `cancel_log`, a second handle on the same log, is where cancels are followed."""
 
     SWEEP_S = 0.25  # how often queued work is checked for cancels and passed deadlines
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
                  pool: str | None = None, max_in_flight: int | None = None, worker_id: str | None = None,
-                 quantum: int = 256, lookahead: int = 2000):
+                 quantum: int = 256, lookahead: int = 2000, cancel_log: EventLog | None = None):
         self._log, self._runner, self._engine = log, runner, engine
         self.pool = pool or topics.SHARED_POOL
         self.worker_id = worker_id or f"{self.pool}-{os.getpid()}"
@@ -61,7 +62,9 @@ class InteractiveWorker:
         self._topics = {t.name: t for t in topics.pool_work_topics(pool)}
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
         self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
-        self._cancels = CancelWatch(log, runner, engine)
+        # Its own log handle, where it can: on Kafka, reads through one handle take turns,
+        # and prompt fetches should not wait behind the cancel watch's.
+        self._cancels = CancelWatch(cancel_log or log, runner, engine)
         self._cancels.start(name=f"{self.worker_id}-cancels")
         self._lookahead = lookahead
         self._quantum = quantum
