@@ -49,6 +49,7 @@ class KafkaEventLog(EventLog):
             raise EventLogError(f"cannot reach Kafka at {','.join(servers)}: {exc!r}") from exc
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
+        self._admin_lock = threading.Lock()  # the admin client is not safe to share between threads
         self._partitions: dict[str, int] = {}
         self._producer: KafkaProducer | None = None
         self._reader: KafkaConsumer | None = None
@@ -73,7 +74,8 @@ class KafkaEventLog(EventLog):
 
     def partitions(self, topic: str) -> int:
         if topic not in self._partitions:
-            (info,) = self._admin.describe_topics([topic])
+            with self._admin_lock:
+                (info,) = self._admin.describe_topics([topic])
             if info["error_code"] == _UNKNOWN_TOPIC:
                 raise UnknownTopic(f"topic {topic!r} does not exist; create it with ensure_topics")
             if info["error_code"]:

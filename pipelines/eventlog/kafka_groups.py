@@ -179,8 +179,13 @@ class KafkaGroupConsumer(GroupConsumer):
             last[meta.topic_partition] = max(meta.offset, last.get(meta.topic_partition, -1))
         deadline = time.monotonic() + self._timeout_s
         while last:
-            ends = self._consumer.end_offsets(list(last), timeout_ms=int(self._timeout_s * 1000))
-            last = {tp: offset for tp, offset in last.items() if ends[tp] <= offset}
+            try:
+                ends = self._consumer.end_offsets(list(last), timeout_ms=int(self._timeout_s * 1000))
+            except KeyError:
+                # kafka-python leaves out partitions of topics this consumer writes but has not
+                # looked up yet (and starts the lookup): ask again.
+                ends = {}
+            last = {tp: offset for tp, offset in last.items() if ends.get(tp, -1) <= offset}
             if last and time.monotonic() >= deadline:
                 logger.warning("outputs of %s committed but not yet visible after %ss: %s",
                                self.member_id, self._timeout_s, sorted(last))
