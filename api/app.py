@@ -2,6 +2,7 @@
 the `ledgerlm serve api` entrypoint wires from settings."""
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -30,11 +31,14 @@ def create_app(services: Services) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         services.hub.start()
+        warming = asyncio.get_running_loop().run_in_executor(None, services.index.warm)
         try:
             yield
         finally:
             await services.reaper.aclose()
             services.hub.stop()
+            await asyncio.gather(warming, return_exceptions=True)
+            services.close_readers()
 
     app = FastAPI(title="ledgerlm", lifespan=lifespan)
     app.state.services = services

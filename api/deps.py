@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from api.disconnect import DisconnectReaper
 from api.errors import ApiError
 from api.metrics import ApiMetrics
+from api.request_stream import StreamHistory
 from models.registry import Principal
 from models.settings import Settings
 from pipelines.admin import RegistryView
@@ -32,11 +33,18 @@ class Services:
     index: RequestIndex | None = None
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     reaper: DisconnectReaper | None = None
+    history: StreamHistory | None = None
 
     def __post_init__(self) -> None:
         self.index = self.index or RequestIndex(self.log)
+        self.history = self.history or StreamHistory(self.log)
         self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,
                                                       grace_s=self.disconnect_grace_s)
+
+    def close_readers(self) -> None:
+        """Closes what the API opened to read the log on demand (the index, stream history)."""
+        self.index.close()
+        self.history.close()
 
 
 def services(request: Request) -> Services:

@@ -15,7 +15,7 @@ from fastapi import Request
 from api.deps import Services
 from api.disconnect import unless_gone
 from api.errors import ApiError, ClientGone, rejection_error
-from api.request_stream import RequestStream, StreamTimeout, low_offset, read_history
+from api.request_stream import RequestStream, StreamTimeout
 from api.stream_hub import StreamEvent
 from models import topics
 from models.events import new_event
@@ -139,7 +139,7 @@ async def _settle_key_race(svc: Services, stream: RequestStream, submitted: Subm
     info = await asyncio.to_thread(svc.index.request, submitted.tenant_id, req.request_id)
     start = min(info.stream_offset, stream.after + 1)
     stream.after = start - 1
-    stream.add_history(await asyncio.to_thread(read_history, svc.log, submitted.tenant_id, req.request_id,
+    stream.add_history(await asyncio.to_thread(svc.history.read, submitted.tenant_id, req.request_id,
                                                submitted.stream_partition, start))
     return None
 
@@ -181,14 +181,14 @@ async def open_stream(svc: Services, info: RequestInfo, *, after: int | None) ->
     partition = partition_for(info.request_id, svc.hub.partitions)
     sub = svc.hub.subscribe(info.tenant_id, info.request_id)
     start = info.stream_offset
-    low = low_offset(svc.log, partition)
-    if low is not None and start < low:
+    low = await asyncio.to_thread(svc.history.low_offset, partition)
+    if start < low:
         if after is None or after + 1 < low:
             sub.close()
             raise ApiError(410, "This generation's stream is no longer retained", code="stream_expired")
         start = low
     try:
-        history = await asyncio.to_thread(read_history, svc.log, info.tenant_id, info.request_id, partition, start)
+        history = await asyncio.to_thread(svc.history.read, info.tenant_id, info.request_id, partition, start)
     except BaseException:
         sub.close()
         raise

@@ -1,15 +1,17 @@
 """What an API process knows of recent generations, read from the durable topics.
 
-Read on demand, never in the background: a lookup for a tenant first reads that tenant's
-partitions of the requests, ledger and outcomes topics up to their current end, so it
-sees every event appended before the call, by any replica (read-your-writes). Status
+Read on demand, never in the background: a lookup first reads the requests, ledger and
+outcomes topics (from `window` ago) up to their current end, so it sees every event
+appended before the call, by any replica (read-your-writes). Status
 rows are folded with the generations projection's own `merge`, so they say what the
 projection will say; the projection (SQL) answers for anything older than `window`.
 Memory is one small row per generation of the window.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
@@ -17,11 +19,13 @@ from typing import Any, Iterable
 from models import topics
 from models.topics import Topic
 from pipelines.eventlog import EventLog, partition_for
+from pipelines.eventlog.base import Tail
 from pipelines.idempotency import WINDOW as IDEMPOTENCY_WINDOW, Claim
 from pipelines.projections.base import Event, parse_record, parse_time, schema_versions
 from pipelines.projections.generations import TYPES as STATUS_TYPES, merge, new_row
 
 STATUS_TOPICS = (topics.REQUESTS, topics.LEDGER, topics.OUTCOMES)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,17 +45,19 @@ class RequestInfo:
 
 
 class RequestIndex:
-    def __init__(self, log: EventLog, *, window: timedelta = IDEMPOTENCY_WINDOW + timedelta(hours=1)):
+    def __init__(self, log: EventLog, *, window: timedelta = IDEMPOTENCY_WINDOW + timedelta(hours=1),
+                 catch_up_timeout_s: float = 10.0):
         self._log = log
         self._window = window
+        self._timeout_s = catch_up_timeout_s
         self._versions = schema_versions()
-        self._lock = threading.Lock()
-        self._next: dict[tuple[str, int], int] = {}
+        self._tails: dict[str, Tail] = {}
+        self._locks = {t.name: threading.Lock() for t in STATUS_TOPICS}
         self._requests: dict[tuple[str, str], RequestInfo] = {}
         self._claims: dict[tuple[str, str], Claim] = {}
         self._rows: dict[tuple[str, str], dict[str, Any]] = {}
 
-    # -- lookups (each reads the tenant's partitions first) -------------------------------
+    # -- lookups (each reads the log up to its end first) -------------------------------
 
     def request(self, tenant_id: str, request_id: str) -> RequestInfo | None:
         self.catch_up(tenant_id, (topics.REQUESTS,))
@@ -70,47 +76,54 @@ class RequestIndex:
         row = self._rows.get(key)
         return dict(row) if row else None
 
+    def warm(self) -> None:
+        """Reads the window now (an API calls this in the background at start), so the first
+        lookup does not pay for it. A failure only leaves that to the first lookup."""
+        try:
+            self.catch_up("", STATUS_TOPICS)
+        except Exception:
+            logger.exception("request index: warming up failed; lookups will read the log")
+
+    def known_status(self, tenant_id: str, request_id: str) -> str | None:
+        """The status as last read, without reading the log (None: not known yet)."""
+        row = self._rows.get((tenant_id, request_id))
+        return row["status"] if row else None
+
     # -- reading -----------------------------------------------------------------------
 
     def catch_up(self, tenant_id: str, which: Iterable[Topic], *, at_least: int | None = None) -> None:
+        """Reads each topic up to its end as of now (every partition: one tail per topic, so
+        no reader hops between partitions). `at_least`: an offset of the tenant's requests
+        partition that must be read, even if the end was read before it was visible."""
         for topic in which:
-            partition = partition_for(tenant_id, self._log.partitions(topic.name))
-            with self._lock:
-                self._read(topic.name, partition, at_least if topic is topics.REQUESTS else None)
+            with self._locks[topic.name]:
+                tail = self._tail(topic.name)
+                ends = tail.end_offsets()
+                if at_least is not None and topic is topics.REQUESTS:
+                    mine = partition_for(tenant_id, len(ends))
+                    ends[mine] = max(ends[mine], at_least + 1)
+                self._read_to(tail, ends)
 
-    def _read(self, topic: str, partition: int, at_least: int | None) -> None:
-        tp = (topic, partition)
-        if tp not in self._next:
-            self._next[tp] = self._first_recent(topic, partition)
-        end = self._log.end_offset(topic, partition)
-        if at_least is not None:
-            end = max(end, at_least + 1)
-        while self._next[tp] < end:
-            batch = self._log.read(topic, partition, self._next[tp], max_records=1000,
-                                   timeout_s=0.0 if at_least is None else 5.0)
-            if not batch:
-                return
-            for record in batch:
+    def _tail(self, topic: str) -> Tail:
+        if topic not in self._tails:
+            tail = self._log.tail(topic, {p: 0 for p in range(self._log.partitions(topic))})
+            tail.seek_to_time(int((datetime.now(timezone.utc) - self._window).timestamp() * 1000))
+            self._tails[topic] = tail
+        return self._tails[topic]
+
+    def _read_to(self, tail: Tail, ends: dict[int, int]) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        while any(tail.offsets[p] < end for p, end in ends.items()):
+            for record in tail.poll(max_records=5000, timeout_s=0.1):
                 self._fold(parse_record(record, self._versions))
-            self._next[tp] = batch[-1].offset + 1
+            if time.monotonic() > deadline:
+                logger.warning("request index: caught up only to %s of %s", tail.offsets, ends)
+                return
 
-    def _first_recent(self, topic: str, partition: int) -> int:
-        """The first offset stamped within the window: a binary search over timestamps,
-        which producers stamp in offset order up to clock skew (the window allows an hour)."""
-        cutoff_ms = int((datetime.now(timezone.utc) - self._window).timestamp() * 1000)
-        hi = self._log.end_offset(topic, partition)
-        first = self._log.read(topic, partition, 0, max_records=1)
-        if not first or first[0].timestamp_ms >= cutoff_ms:
-            return first[0].offset if first else hi
-        lo = first[0].offset + 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            found = self._log.read(topic, partition, mid, max_records=1)
-            if not found or found[0].offset >= hi or found[0].timestamp_ms >= cutoff_ms:
-                hi = mid
-            else:
-                lo = found[0].offset + 1
-        return lo
+    def close(self) -> None:
+        for tail in self._tails.values():
+            tail.close()
+        self._tails.clear()
 
     def _fold(self, e: Event) -> None:
         if e.type not in STATUS_TYPES or not e.tenant_id:

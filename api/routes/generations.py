@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import GenerateDep, ServicesDep
 from api.errors import ApiError
 from api.generation_status import TERMINAL_STATUSES, find_status
-from api.live import start_generation
+from api.live import find_request, start_generation
 from api.sse import collect, event_json, failure_error, native_frames, stream_response
 from models import topics
 from models.events import new_event
@@ -71,15 +71,17 @@ async def get_generation(request_id: str, principal: GenerateDep, svc: ServicesD
 
 @router.post("/v1/generations/{request_id}/cancel")
 async def cancel_generation(request_id: str, principal: GenerateDep, svc: ServicesDep, request: Request):
-    status = await asyncio.to_thread(find_status, svc, request, principal.tenant_id, request_id)
-    if status is None:
+    info = await asyncio.to_thread(find_request, svc, principal.tenant_id, request_id)
+    if info is None:
         raise _not_found(request_id)
+    # The cancel goes on the log first (it races the generation); the answer comes after.
+    if svc.index.known_status(principal.tenant_id, info.request_id) not in TERMINAL_STATUSES:
+        env = new_event(CancelRequested(request_id=info.request_id, reason="client"),
+                        tenant_id=principal.tenant_id, correlation_id=info.request_id)
+        await asyncio.to_thread(publish, svc.log, topics.REQUESTS, [env])
+    status = await asyncio.to_thread(find_status, svc, request, principal.tenant_id, info.request_id)
     if status["status"] in TERMINAL_STATUSES:
-        return status  # already over: cancelling is a no-op
-    request_id = status["id"]
-    env = new_event(CancelRequested(request_id=request_id, reason="client"),
-                    tenant_id=principal.tenant_id, correlation_id=request_id)
-    await asyncio.to_thread(publish, svc.log, topics.REQUESTS, [env])
+        return status  # it was over already: cancelling changed nothing
     return {**status, "status": "cancelling"}
 
 

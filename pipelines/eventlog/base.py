@@ -113,7 +113,9 @@ class GroupConsumer(ABC):
 class Tail:
     """Follows chosen partitions of one topic from given offsets, outside any group.
 
-    This generic form reads partition by partition; adapters may offer a faster one.
+    This generic form reads partition by partition; adapters may offer a faster one. The
+    positioning helpers (`end_offsets`, `low_offsets`, `seek`, `seek_to_time`) go through
+    the log here; adapters' tails answer them on their own connection.
     """
 
     def __init__(self, log: "EventLog", topic: str, offsets: dict[int, int]):
@@ -134,6 +136,38 @@ class Tail:
             if out or remaining <= 0:
                 return out
             time.sleep(min(0.005, remaining))  # adapter-level wait, bounded by the caller's timeout
+
+    def end_offsets(self) -> dict[int, int]:
+        """The followed partitions' ends now: `poll` until `offsets` reach them to be caught up."""
+        return {p: self._log.end_offset(self._topic, p) for p in self.offsets}
+
+    def low_offsets(self) -> dict[int, int]:
+        """The first offset each followed partition still holds (0 where the log cannot say)."""
+        low = getattr(self._log, "low_offset", None)
+        return {p: low(self._topic, p) if low else 0 for p in self.offsets}
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Reads `partition` from `offset` on."""
+        self.offsets[partition] = offset
+
+    def seek_to_time(self, timestamp_ms: int) -> None:
+        """Moves each followed partition to its first record stamped at or after
+        `timestamp_ms` (its end if none): a binary search, as producers stamp records in
+        offset order up to clock skew."""
+        for partition in list(self.offsets):
+            hi = self._log.end_offset(self._topic, partition)
+            first = self._log.read(self._topic, partition, 0, max_records=1)
+            lo = first[0].offset if first else hi
+            if first and first[0].timestamp_ms < timestamp_ms:
+                lo += 1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    found = self._log.read(self._topic, partition, mid, max_records=1)
+                    if not found or found[0].offset >= hi or found[0].timestamp_ms >= timestamp_ms:
+                        hi = mid
+                    else:
+                        lo = found[0].offset + 1
+            self.seek(partition, lo)
 
     def close(self) -> None:
         pass

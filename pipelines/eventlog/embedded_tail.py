@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 class EmbeddedTail(Tail):
     def __init__(self, log: "EmbeddedEventLog", topic: str, offsets: dict[int, int], *, wait_s: float = 0.001):
-        self._topic = topic
+        self._log, self._topic = log, topic
         self.offsets = dict(offsets)
         self._wait_s = wait_s
         self._conn = connect(log._path, busy_timeout_ms=log._busy_timeout_ms,  # noqa: SLF001
@@ -60,6 +60,21 @@ class EmbeddedTail(Tail):
             counts[partition] = counts.get(partition, 0) + 1
         self._more = any(n >= per_partition for n in counts.values())
         return records
+
+    def end_offsets(self) -> dict[int, int]:
+        return self._ends("next_offset")
+
+    def low_offsets(self) -> dict[int, int]:
+        return self._ends("low_offset")
+
+    def _ends(self, column: str) -> dict[int, int]:
+        rows = self._conn.execute(f"SELECT partition, {column} FROM partition_ends WHERE topic = ?",
+                                  (self._topic,)).fetchall()
+        return {p: end for p, end in rows if p in self.offsets}
+
+    def seek(self, partition: int, offset: int) -> None:
+        self.offsets[partition] = offset
+        self._more = True
 
     def close(self) -> None:
         self._conn.close()

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 class KafkaTail(Tail):
     def __init__(self, log: "KafkaEventLog", topic: str, offsets: dict[int, int], *, fetch_max_wait_ms: int = 50):
-        self._topic = topic
+        self._log, self._topic = log, topic
         self.offsets = dict(offsets)
+        self._timeout_ms = int(log._timeout_s * 1000)  # noqa: SLF001
         self._tps = {p: log._check(topic, p) for p in self.offsets}  # noqa: SLF001 - validates the range
         # A short broker-side wait: the fetch returns at the first record anyway, and a
         # short one keeps `poll(timeout_s)` close to the caller's timeout when idle.
@@ -36,11 +37,34 @@ class KafkaTail(Tail):
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[Record] = []
         for tp, batch in batches.items():
-            if batch:
-                out += [to_record(r) for r in batch]
-                self.offsets[tp.partition] = batch[-1].offset + 1
+            out += [to_record(r) for r in batch]
+        for partition, tp in self._tps.items():
+            # The consumer's position, not the last record's offset + 1: it also steps over
+            # transaction markers, so `offsets` reaches `end_offsets()` when caught up.
+            position = self._consumer._subscription.position(tp)  # noqa: SLF001 - local, no network call
+            if position is not None:
+                self.offsets[partition] = getattr(position, "offset", position)
         return out
+
+    def end_offsets(self) -> dict[int, int]:
+        ends = self._consumer.end_offsets(list(self._tps.values()), timeout_ms=self._timeout_ms)
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    def low_offsets(self) -> dict[int, int]:
+        lows = self._consumer.beginning_offsets(list(self._tps.values()), timeout_ms=self._timeout_ms)
+        return {tp.partition: offset for tp, offset in lows.items()}
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._consumer.seek(self._tps[partition], offset)
+        self.offsets[partition] = offset
+
+    def seek_to_time(self, timestamp_ms: int) -> None:
+        found = self._consumer.offsets_for_times({tp: timestamp_ms for tp in self._tps.values()},
+                                                 timeout_ms=self._timeout_ms)
+        ends = self.end_offsets()
+        for partition, tp in self._tps.items():
+            at = found.get(tp)
+            self.seek(partition, at.offset if at is not None else ends[partition])
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
-

@@ -59,6 +59,18 @@ class _NamespacedTail(Tail):
     def poll(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Record]:
         return [self._names.inner(r) for r in self._inner.poll(max_records=max_records, timeout_s=timeout_s)]
 
+    def end_offsets(self) -> dict[int, int]:
+        return self._inner.end_offsets()
+
+    def low_offsets(self) -> dict[int, int]:
+        return self._inner.low_offsets()
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._inner.seek(partition, offset)
+
+    def seek_to_time(self, timestamp_ms: int) -> None:
+        self._inner.seek_to_time(timestamp_ms)
+
     def close(self) -> None:
         self._inner.close()
 

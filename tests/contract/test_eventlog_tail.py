@@ -70,6 +70,51 @@ class TailContract:
         assert len(got) == 301 and sum(r.value == b"quiet" for r in got) == 1
 
 
+    def test_positioning_ends_seek_and_time(self, make_tail):
+        topic = f"tail-{uuid.uuid4().hex[:10]}"
+        log = self.open_log()
+        try:
+            log.ensure_topics([TopicSpec(topic, 2)])
+            early = log.append(topic, [Message("k", f"e{i}".encode(), partition=0) for i in range(4)])
+            time.sleep(0.05)  # record timestamps are the clock's: two stamps apart, on purpose
+            late = log.append(topic, [Message("k", f"l{i}".encode(), partition=0) for i in range(3)])
+            tail = make_tail(log, topic, {0: 0, 1: 0})
+            assert tail.end_offsets() == {0: late[-1].offset + 1, 1: 0}
+            assert tail.low_offsets() == {0: 0, 1: 0}
+            tail.seek_to_time(late[0].timestamp_ms)
+            assert tail.offsets[0] == late[0].offset and tail.offsets[1] == 0
+            assert [r.value for r in drain(tail, 3)] == [b"l0", b"l1", b"l2"]
+            tail.seek(0, early[1].offset)
+            assert [r.value for r in drain(tail, 6)][:2] == [b"e1", b"e2"]
+            assert tail.offsets[0] == tail.end_offsets()[0], "caught up: offsets reach the ends"
+            tail.close()
+        finally:
+            log.close()
+
+
+    def test_an_adapters_tail_catches_up_past_transactional_writes(self):
+        source, topic = f"src-{uuid.uuid4().hex[:10]}", f"tail-{uuid.uuid4().hex[:10]}"
+        log = self.open_log()
+        try:
+            log.ensure_topics([TopicSpec(source, 1), TopicSpec(topic, 1)])
+            log.append(source, [Message("k", b"in")])
+            consumer = log.consumer(f"g-{uuid.uuid4().hex[:8]}", [source])
+            deadline = time.monotonic() + 60
+            while not consumer.poll(timeout_s=0.5):
+                assert time.monotonic() < deadline, "the group never delivered"
+            consumer.commit_with([(topic, Message("k", b"out"))])  # a transaction on Kafka: a marker follows
+            consumer.close()
+            tail = log.tail(topic, {0: 0})
+            assert [r.value for r in drain(tail, 1)] == [b"out"]
+            deadline = time.monotonic() + 10
+            while tail.offsets[0] < tail.end_offsets()[0] and time.monotonic() < deadline:
+                tail.poll(timeout_s=0.2)
+            assert tail.offsets[0] == tail.end_offsets()[0]
+            tail.close()
+        finally:
+            log.close()
+
+
 class TestEmbeddedTail(TailContract):
     @pytest.fixture(autouse=True)
     def _store(self, tmp_path):
