@@ -47,9 +47,9 @@ def ends(log, request_id: str) -> list:
 def test_running_work_is_stopped_at_its_deadline(opened):
     log, engine, worker = opened(hold=True)
     run_until(worker, lambda: worker._consumer.assignment(), "the worker to join its group")
-    queue_work(log, "acme", "slow-1", deadline_s=1.5)
+    queue_work(log, "acme", "slow-1", deadline_s=6.0)  # room to start on a loaded machine
+    run_until(worker, lambda: engine.started == ["slow-1"], "the generation to start")
     [end] = run_until(worker, lambda: ends(log, "slow-1"), "the deadline to end the generation")
-    assert engine.started == ["slow-1"]
     assert end.event_type == "GenerationCancelled" and end.payload.reason == "deadline"
 
 
