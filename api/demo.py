@@ -90,7 +90,9 @@ def _request_events(settings: Settings, request_id: str) -> list:
                         if env.correlation_id == request_id:
                             found.append((env.occurred_at, topic.name, record, env))
                     offset = batch[-1].offset + 1
-    return sorted(found, key=lambda f: (f[0], f[1]))
+    # Events stamped with the same time are shown in the order the request flows.
+    flow = [topics.PROMPTS.name, topics.REQUESTS.name, topics.LEDGER.name]
+    return sorted(found, key=lambda f: (f[0], flow.index(f[1]) if f[1] in flow else len(flow)))
 
 
 def _print_events(settings: Settings, request_id: str, timeout_s: float = 15.0) -> None:
