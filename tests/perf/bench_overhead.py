@@ -1,6 +1,7 @@
 """Platform overhead: the same prompts on the same engine, straight into vLLM's AsyncLLM
 and through the platform (HTTP → log → admission → worker → log → SSE), on the embedded
-log and on Kafka, in one run.
+log (as configured by default, and with its consumers polling every 2 ms) and on Kafka,
+in one run.
 
     set -a && . .local/services.env && set +a
     .venv/bin/python tests/perf/bench_overhead.py [--latency-requests 40] [--seconds 15]
@@ -76,9 +77,18 @@ class Measured:
 
 async def drive(one, latency_requests: int, concurrency: int, seconds: float) -> dict:
     """Sequential requests for latency, then `concurrency` loops for `seconds` for throughput."""
+    made = 0  # every token the client received, for CPU per token
+
+    async def counted(i: int, max_tokens: int) -> Measured:
+        nonlocal made
+        m = await one(i, max_tokens)
+        made += sum(c for _, c in m.arrivals)
+        return m
+
     for i in range(3):  # warm-up
-        await one(10_000_000 + i, LATENCY_TOKENS)
-    runs = [await one(i, LATENCY_TOKENS) for i in range(latency_requests)]
+        await counted(10_000_000 + i, LATENCY_TOKENS)
+    runs = [await counted(i, LATENCY_TOKENS) for i in range(latency_requests)]
+    latency_end = time.time()
     ttft = [m.ttft() for m in runs]
     gaps = [g for m in runs for g in m.gaps()]
     start, tokens = time.monotonic(), 0
@@ -88,12 +98,12 @@ async def drive(one, latency_requests: int, concurrency: int, seconds: float) ->
         nonlocal tokens
         i = 0
         while time.monotonic() < end:
-            m = await one(1_000_000 * (k + 1) + i, SATURATION_TOKENS)
+            m = await counted(1_000_000 * (k + 1) + i, SATURATION_TOKENS)
             tokens += sum(c for at, c in m.arrivals if at <= end)
             i += 1
 
     await asyncio.gather(*(loop(k) for k in range(concurrency)))
-    return summary(ttft, gaps, tokens, seconds)
+    return {**summary(ttft, gaps, tokens, seconds), "latency_end": latency_end, "tokens_made": made}
 
 
 async def direct(llm, args) -> dict:
@@ -129,21 +139,100 @@ async def client(base_url: str, key: str, args) -> dict:
         return await drive(one, args.latency_requests, args.concurrency, args.seconds)
 
 
-def through_platform(kind: str, runner, home: Path, args) -> dict:
+def log_opener(path: str, home: Path):
+    """`embedded`: the embedded log as `pipelines.bootstrap` opens it (group consumers poll
+    every 20 ms); `embedded-2ms`: the same with a 2 ms poll; `kafka`: LEDGERLM_TEST_KAFKA."""
+    from pipelines.bootstrap import topic_specs
+    from pipelines.eventlog import open_event_log
+    from tests.perf.bench_noisy_neighbour import log_opener as kafka_or_embedded
+
+    if path != "embedded-2ms":
+        return kafka_or_embedded(path, home)
+    url = f"sqlite:///{home / 'eventlog.db'}"
+    first = open_event_log(url)
+    first.ensure_topics(topic_specs())
+    first.close()
+    return lambda: open_event_log(url, poll_interval_s=0.002)
+
+
+class CpuMeter:
+    """CPU seconds of this process, its live children (vLLM's engine processes) and its
+    finished children (the client process): what the whole run cost the machine."""
+
+    def __enter__(self):
+        self.start = self._now()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = self._now() - self.start
+
+    @staticmethod
+    def _now() -> float:
+        import resource
+
+        import psutil
+
+        me = psutil.Process()
+        total = sum(me.cpu_times()[:2])
+        for child in me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.NoSuchProcess:
+                pass
+        done = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return total + done.ru_utime + done.ru_stime
+
+
+def with_cpu(row: dict, meter: CpuMeter) -> dict:
+    return {**row, "cpu_ms_per_token": meter.seconds * 1000 / max(1, row["tokens_made"])}
+
+
+def through_platform(path: str, runner, home: Path, args) -> dict:
     from models.settings import Settings
     from tests.harness import Platform
-    from tests.perf.bench_noisy_neighbour import log_opener
 
-    platform = Platform(log_opener(kind, home / kind), runner,
-                        Settings(home=home / kind, grace_s=30.0, default_deadline_ms=300_000), max_in_flight=MAX_SEQS)
+    (home / path).mkdir()
+    platform = Platform(log_opener(path, home / path), runner,
+                        Settings(home=home / path, grace_s=30.0, default_deadline_ms=300_000),
+                        max_in_flight=args.worker_in_flight)
     try:
-        _, key = platform.tenant()
-        out = subprocess.run([sys.executable, __file__, "--client", platform.base_url, key, *client_args(args)],
-                             capture_output=True, text=True, check=True, timeout=900)
+        tenant_id, key = platform.tenant()
+        with CpuMeter() as meter:
+            out = subprocess.run([sys.executable, __file__, "--client", platform.base_url, key, *client_args(args)],
+                                 capture_output=True, text=True, check=True, timeout=900)
         platform.check()
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        row = with_cpu(json.loads(out.stdout.strip().splitlines()[-1]), meter)
+        return {**row, **breakdown(platform.admin_log, tenant_id, row["latency_end"])}
     finally:
         platform.close()
+
+
+def breakdown(log, tenant_id: str, until: float) -> dict:
+    """Where a sequential request's time went, from the log's record stamps (medians, ms):
+    request to admission's decision, decision to a worker starting it, start to the first
+    token event. The rest of the TTFT is the API (in and out) and the hub."""
+    from models import topics
+    from models.events import decode
+    from pipelines.eventlog import partition_for
+
+    stamps: dict[str, dict[str, int]] = {}
+    for topic in (topics.REQUESTS, topics.LEDGER, topics.OUTCOMES, topics.STREAM):
+        partitions = range(log.partitions(topic.name)) if topic is topics.STREAM else \
+            [partition_for(tenant_id, log.partitions(topic.name))]
+        for partition in partitions:
+            offset = 0
+            while batch := log.read(topic.name, partition, offset, max_records=5000):
+                for record in batch:
+                    env = decode(record.value)
+                    if env.tenant_id == tenant_id:
+                        stamps.setdefault(env.correlation_id, {}).setdefault(env.event_type, record.timestamp_ms)
+                offset = batch[-1].offset + 1
+    hops = {"admission_ms": ("GenerationRequested", "BudgetReserved"),
+            "to_worker_ms": ("BudgetReserved", "GenerationStarted"),
+            "worker_to_first_token_ms": ("GenerationStarted", "TokensEmitted")}
+    sequential = [s for s in stamps.values() if s.get("GenerationRequested", 0) < until * 1000]
+    return {name: percentile([s[b] - s[a] for s in sequential if a in s and b in s], 0.5)
+            for name, (a, b) in hops.items()}
 
 
 def client_args(args) -> list[str]:
@@ -163,31 +252,45 @@ def run(args) -> dict[str, dict]:
                                   max_num_seqs=MAX_SEQS, kv_cache_gb=0.25)
         runner = EngineRunner(VllmEngine(config), name="bench-engine").start()
         try:
-            rows["straight into vLLM AsyncLLM"] = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
-            print(json.dumps(rows), flush=True)
-            for kind in args.logs:
-                rows[f"through the platform ({kind} log)"] = through_platform(kind, runner, home, args)
+            # Straight into vLLM first and last: the machine is shared, and the two say how
+            # much its load moved meanwhile; the platform is compared with their mean.
+            with CpuMeter() as meter:
+                first = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
+            direct_runs = [with_cpu(first, meter)]
+            rows["straight into vLLM AsyncLLM (first)"] = direct_runs[0]
+            for path in args.paths:
+                rows[f"through the platform ({path} log)"] = through_platform(path, runner, home, args)
                 print(json.dumps(rows), flush=True)
+            with CpuMeter() as meter:
+                last = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
+            direct_runs.append(with_cpu(last, meter))
+            rows["straight into vLLM AsyncLLM (last)"] = direct_runs[1]
         finally:
             runner.close()
     return rows
 
 
 def table(rows: dict[str, dict]) -> str:
-    base = next(iter(rows.values()))
+    direct = [r for name, r in rows.items() if name.startswith("straight")]
+    base = {k: sum(r[k] for r in direct) / len(direct) for k in ("ttft_p50_ms", "tokens_per_s")}
     lines = ["| path | TTFT p50 (ms) | TTFT p95 (ms) | added TTFT p50 (ms) | inter-token p50 (ms) "
-             "| inter-token p95 (ms) | output tokens/s at saturation | vs direct |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| inter-token p95 (ms) | output tokens/s at saturation | vs direct (mean) "
+             "| CPU ms per output token | admission / to worker / worker to 1st token (ms, p50) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
+        hops = (f"{r['admission_ms']:.0f} / {r['to_worker_ms']:.0f} / {r['worker_to_first_token_ms']:.0f}"
+                if "admission_ms" in r else "-")
         lines.append(f"| {name} | {r['ttft_p50_ms']:.1f} | {r['ttft_p95_ms']:.1f} | "
                      f"{r['ttft_p50_ms'] - base['ttft_p50_ms']:+.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p95_ms']:.2f} | "
-                     f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
+                     f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
+                     f"{r['cpu_ms_per_token']:.2f} | {hops} |")
     return "\n".join(lines)
 
 
 def record(rows: dict[str, dict], command: str, args) -> None:
     entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n\n`{command}`\n\n"
-             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}), CPU; {args.latency_requests} sequential "
+             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker in flight {args.worker_in_flight}), CPU; "
+             f"{args.latency_requests} sequential "
              f"requests of {LATENCY_TOKENS} tokens for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token "
              f"requests for {args.seconds:.0f} s for throughput; {os.cpu_count()} CPUs, load average "
              f"{os.getloadavg()[0]:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
@@ -202,10 +305,13 @@ def record(rows: dict[str, dict], command: str, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--logs", nargs="+", choices=["embedded", "kafka"], default=["embedded", "kafka"])
+    parser.add_argument("--paths", nargs="+", choices=["embedded", "embedded-2ms", "kafka"],
+                        default=["embedded", "embedded-2ms", "kafka"])
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)
+    parser.add_argument("--worker-in-flight", type=int, default=MAX_SEQS,
+                        help="the pool worker's bound on sequences in flight (the engine's capacity by default)")
     parser.add_argument("--client", nargs=2, metavar=("BASE_URL", "KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
