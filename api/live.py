@@ -53,12 +53,13 @@ def pool_of(priority: str) -> str:
 
 
 def _wait_s(svc: Services, deadline_at: datetime | None) -> float:
-    """Until the deadline, plus the grace after which admission expires a lost request."""
+    """Until the deadline, plus the grace after which admission expires a lost request, plus
+    room for that expiry to reach us: the platform's own verdict should win over this net."""
     if deadline_at is None:
         left = svc.settings.default_deadline_ms / 1000
     else:
         left = (deadline_at - datetime.now(timezone.utc)).total_seconds()
-    return max(0.0, left) + svc.settings.grace_s + 1.0
+    return max(0.0, left) + svc.settings.grace_s + 5.0
 
 
 def _conflict() -> ApiError:
