@@ -14,8 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from api.deps import Services
 from api.routes.usage import projection_db
 from pipelines.idempotency import client_request_id
-from pipelines.projections.generations import utc
-from pipelines.projections.queries import generation_status
+from pipelines.projections.queries import generation_status, status_from_row
 
 logger = logging.getLogger(__name__)
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
@@ -29,24 +28,6 @@ def find_status(svc: Services, request: Request, tenant_id: str, request_id: str
         if status is not None:
             return {"id": candidate, "object": "generation", **status}
     return None
-
-
-def status_from_row(r: dict[str, Any]) -> dict[str, Any]:
-    """The shape `pipelines.projections.queries.generation_status` returns."""
-    return {
-        "request_id": r["request_id"], "status": r["status"], "model_alias": r["model_alias"],
-        "model_revision": r["model_revision"], "application_id": r["application_id"],
-        "finish_reason": r["finish_reason"], "error_code": r["error_code"] or r["reject_reason"],
-        "usage": {"input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
-                  "cost_micros": r["cost_micros"], "settled": r["settled"]},
-        "timings": {"queued_ms": r["queued_ms"], "ttft_ms": r["ttft_ms"], "duration_ms": r["duration_ms"]},
-        "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
-    }
-
-
-def _iso(value) -> str | None:
-    value = utc(value)
-    return None if value is None else value.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _from_projection(request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:

@@ -44,7 +44,11 @@ def generation_status(db: Engine | Connection, tenant_id: str, request_id: str) 
         row = conn.execute(select(generations).where(g.tenant_id == tenant_id, g.request_id == request_id)).first()
     if row is None:
         return None
-    r = row._mapping
+    return status_from_row(row._mapping)
+
+
+def status_from_row(r) -> dict[str, Any]:
+    """A `generations` row (or the API's live index row of the same shape) as a status."""
     return {
         "request_id": r["request_id"], "status": r["status"], "model_alias": r["model_alias"],
         "model_revision": r["model_revision"], "application_id": r["application_id"],

@@ -43,13 +43,13 @@ from models.events import decode  # noqa: E402
 from models.settings import Settings  # noqa: E402
 from pipelines.bootstrap import topic_specs  # noqa: E402
 from pipelines.eventlog import open_event_log  # noqa: E402
+from tests.perf.results import append_entry  # noqa: E402
 from pipelines.eventlog.namespaced import NamespacedEventLog  # noqa: E402
 from workers.engine import EngineRequest  # noqa: E402
 from workers.engine_runner import EngineRunner  # noqa: E402
 from workers.tiny_model import make_tiny_model  # noqa: E402
 from workers.vllm_engine import VllmEngine, VllmEngineConfig  # noqa: E402
 
-RESULTS = ROOT / "tests" / "perf" / "RESULTS.md"
 SECTION = "## Noisy neighbour"
 MAX_SEQS = 8
 FLOOD = 10 * (MAX_SEQS // 2)  # ten times a fair share of two busy tenants
@@ -247,13 +247,7 @@ def record(rows: list[dict], command: str, args) -> None:
              f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}); A keeps {FLOOD} requests of {A_TOKENS} tokens "
              f"in flight, B sends one of {B_TOKENS} tokens every {args.every * 1000:.0f} ms for {args.seconds:.0f} s; "
              f"{os.cpu_count()} CPUs, load average {load:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
-    head, _, tail = text.partition(SECTION)
-    rest = tail.split("\n## ", 1)
-    body = rest[0].rstrip("\n") + "\n" + entry
-    RESULTS.write_text(head + SECTION + body + ("\n## " + rest[1] if len(rest) > 1 else ""))
+    append_entry(SECTION, entry)
 
 
 def main() -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.perf.results import append_entry  # noqa: E402
 
-RESULTS = ROOT / "tests" / "perf" / "RESULTS.md"
 SECTION = "## Overhead"
 MAX_SEQS = 8
 LATENCY_TOKENS, SATURATION_TOKENS = 32, 64
@@ -294,13 +294,7 @@ def record(rows: dict[str, dict], command: str, args) -> None:
              f"requests of {LATENCY_TOKENS} tokens for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token "
              f"requests for {args.seconds:.0f} s for throughput; {os.cpu_count()} CPUs, load average "
              f"{os.getloadavg()[0]:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
-    head, _, tail = text.partition(SECTION)
-    rest = tail.split("\n## ", 1)
-    body = rest[0].rstrip("\n") + "\n" + entry
-    RESULTS.write_text(head + SECTION + body + ("\n## " + rest[1] if len(rest) > 1 else ""))
+    append_entry(SECTION, entry)
 
 
 def main() -> None:
