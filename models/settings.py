@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     max_model_len: int = 512
     kv_cache_gb: float = 1.0
     engine_max_seqs: int = 16
+    # Generations a pool worker starts beyond the engine's capacity; they wait inside the
+    # engine, so a finished sequence is replaced at the next step (None: the capacity again).
+    worker_take_ahead: int | None = None
+    # How long a generation's later tokens may wait to share one stream event (ms).
+    stream_linger_ms: float = 0.0
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -82,7 +82,7 @@ class Loop:
 
 class Platform:
     def __init__(self, open_log: Callable[[], EventLog], runner: EngineRunner, settings: Settings,
-                 *, max_in_flight: int = 8):
+                 *, max_in_flight: int = 8, take_ahead: int | None = 0):
         self.open_log, self.runner, self.settings = open_log, runner, settings
         self.logs: list[EventLog] = []
         self.loops: list[Loop] = []
@@ -96,7 +96,7 @@ class Platform:
                             max_model_len=engine.config.max_model_len, actor="tests",
                             price_input_per_1k_micros=1000, price_output_per_1k_micros=2000)
         self.start_admission()
-        self.start_worker(max_in_flight=max_in_flight)
+        self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead)
         self._start_api()
 
     def _log(self) -> EventLog:
@@ -112,12 +112,13 @@ class Platform:
         self.loops.append(loop)
         return loop
 
-    def start_worker(self, *, max_in_flight: int = 8, pool: str | None = None, log: EventLog | None = None,
-                     close: Callable[[], object] | None = None) -> Loop:
+    def start_worker(self, *, max_in_flight: int = 8, take_ahead: int | None = 0, pool: str | None = None,
+                     log: EventLog | None = None, close: Callable[[], object] | None = None) -> Loop:
         """A pool worker on the shared engine (`pool` None: the shared pool, which `self.worker`
         names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would."""
         worker = InteractiveWorker(log or self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
-                                   worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool, cancel_log=self._log())
+                                   take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool,
+                                   cancel_log=self._log())
         if pool is None:
             self.worker = worker
         loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), close or worker.close).start()

@@ -55,7 +55,8 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
     try:
         cancel_log = open_log(settings, create_topics=False)
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
-                                   cancel_log=cancel_log)
+                                   take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
+                                   stream_linger_s=settings.stream_linger_ms / 1000)
         print(json.dumps({"worker": worker.worker_id, "ready": True}), flush=True)
         try:
             worker.run(stop)

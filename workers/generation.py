@@ -1,7 +1,7 @@
 """One generation on the engine, from a started work item to its terminal event.
 
-Runs on the engine's loop. Token deltas that arrive while an append is in flight are
-merged into the next `TokensEmitted`, so a slow log never slows the engine. The request
+Runs on the engine's loop. Its token and terminal events go through the worker's
+`StreamWriter`, which batches them, so a slow log never slows the engine. The request
 is aborted at its deadline and ends as cancelled ('deadline').
 """
 from __future__ import annotations
@@ -14,15 +14,13 @@ from concurrent.futures import Executor
 from contextlib import aclosing
 from datetime import datetime, timezone
 
-from models import topics
 from models.events import Envelope, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationQueued, PromptSubmitted, Timings,
-    TokensEmitted,
 )
 from pipelines.eventlog import EventLog
-from pipelines.routing import publish
 from workers.engine import EngineRequest, InferenceEngine
+from workers.stream_writer import StreamWriter
 
 logger = logging.getLogger(__name__)
 PRIORITY = {"high": 0, "normal": 1, "batch": 2}  # vLLM runs lower values sooner
@@ -38,40 +36,20 @@ def fetch_prompt(log: EventLog, ref) -> str:
     return payload.prompt
 
 
-def publish_terminal(log: EventLog, env: Envelope) -> None:
-    # The stream copy first: the client learns the end as soon as possible; the outcomes
-    # copy is what settles the reservation.
-    publish(log, topics.STREAM, [env])
-    publish(log, topics.OUTCOMES, [env])
-
-
 async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queued_env: Envelope,
-                           started_env: Envelope, io: Executor | None = None) -> int:
-    """Returns 1 once a terminal event is written. `io` runs its log reads and writes: a
-    pool with a thread per slot keeps one tenant's appends from queueing ahead of another's."""
+                           started_env: Envelope, writer: StreamWriter, io: Executor | None = None,
+                           *, priority: int | None = None) -> int:
+    """Returns 1 once a terminal event is written. `io` runs the prompt fetch; `writer`
+    writes the token and terminal events. `priority` overrides the one the request's
+    class gives vLLM (lower runs sooner)."""
     loop = asyncio.get_running_loop()
-
-    def blocking(fn, *args):
-        return loop.run_in_executor(io, fn, *args)
-
     item: GenerationQueued = queued_env.payload
     req = item.request
     t0 = time.monotonic()
     first_token_ms: int | None = None
-    seq = output_tokens = 0
+    output_tokens = 0
     digest = hashlib.sha256()
-    pending_text, pending_tokens = [], 0
-    flusher: asyncio.Task | None = None
     timer: asyncio.TimerHandle | None = None
-
-    async def flush() -> None:
-        nonlocal pending_text, pending_tokens, seq
-        while pending_text or pending_tokens:
-            text, count = "".join(pending_text), pending_tokens
-            pending_text, pending_tokens = [], 0
-            env = caused_by(started_env, TokensEmitted(request_id=req.request_id, seq=seq, text=text, token_count=count))
-            seq += 1
-            await blocking(publish, log, topics.STREAM, [env])
 
     def timings() -> Timings:
         return Timings(queued_ms=started_env.payload.queued_ms, ttft_ms=first_token_ms,
@@ -90,12 +68,13 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
         # A cancel or the deadline may come before the engine knows the request, where an
         # abort finds nothing to abort: look before starting, and at every delta.
         if not stopped():
-            prompt = await blocking(fetch_prompt, log, req.prompt_ref)
+            prompt = await loop.run_in_executor(io, fetch_prompt, log, req.prompt_ref)
         if not stopped():
             ran = True
             engine_request = EngineRequest(
                 request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
-                tenant_id=queued_env.tenant_id, priority=PRIORITY.get(req.priority, 1),
+                tenant_id=queued_env.tenant_id,
+                priority=PRIORITY.get(req.priority, 1) if priority is None else priority,
                 temperature=req.sampling.temperature, top_p=req.sampling.top_p, seed=req.sampling.seed,
                 stop=req.sampling.stop, ignore_eos=req.sampling.ignore_eos,
             )
@@ -104,19 +83,14 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
                     if delta.text or delta.new_tokens:
                         if first_token_ms is None:
                             first_token_ms = int((time.monotonic() - t0) * 1000)
-                        pending_text.append(delta.text)
-                        pending_tokens += delta.new_tokens
                         output_tokens += delta.new_tokens
                         digest.update(delta.text.encode())
-                        if flusher is None or flusher.done():
-                            flusher = asyncio.ensure_future(flush())
+                        writer.tokens(started_env, delta.text, delta.new_tokens)
                     if delta.finished:
                         finish_reason = delta.finish_reason
                     elif stopped():
                         break
-            if flusher is not None:
-                await flusher
-            await flush()
+            await writer.drain(started_env)
         cancel_reason = (cancels.in_flight.get(req.request_id) or cancels.cancelled.get(req.request_id)
                          or ("deadline" if finish_reason == "abort" else None))
         if cancel_reason:
@@ -130,8 +104,6 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
                 output_sha256=digest.hexdigest(), timings=timings())
     except Exception as exc:  # the request fails; the worker goes on
         logger.exception("generation %s failed", req.request_id)
-        if flusher is not None:
-            await asyncio.gather(flusher, return_exceptions=True)
         terminal = GenerationFailed(request_id=req.request_id, error_code="engine_error",
                                     message=type(exc).__name__, input_tokens=req.input_tokens,
                                     output_tokens=output_tokens, timings=timings())
@@ -139,5 +111,5 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
         if timer is not None:
             timer.cancel()
         if terminal is not None:
-            await blocking(publish_terminal, log, caused_by(started_env, terminal))
+            await writer.finish(started_env, caused_by(started_env, terminal))
     return 1

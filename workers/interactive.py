@@ -3,13 +3,18 @@ and writes what happened to the log.
 
 It reads its pool's work topics ahead into a `FairQueue` (deficit round robin by tokens
 across tenants, high priority first) and starts an item when `Headroom` gives its tenant
-one of the engine's slots (at most the engine's max_num_seqs in flight). Taking is
+one of the worker's slots. Slots are the engine's capacity (max_num_seqs) plus a small
+take-ahead (`take_ahead`; None: the capacity again) that waits inside the engine, so
+a sequence that ends is replaced at the engine's next step instead of after a round trip
+through the log. What waits inside the engine is ordered by priority class, then by how
+many generations its tenant already had in flight when it was taken, so a light
+tenant's request overtakes a heavy tenant's waiting ones there too. Taking is
 committed with the item's `GenerationStarted` before any token is made, and only up to
 the first item not yet taken (see `workers.work_positions`), so a crash leaves untaken
 work to the next owner and nothing runs twice. Cancelled work and work whose deadline
 passed in the queue ends there without running; running work is aborted on
-`CancelRequested` and at its deadline. Token deltas that arrive while an append is in
-flight are merged into the next `TokensEmitted`, so a slow log never slows the engine.
+`CancelRequested` and at its deadline. Token and terminal events go out through one
+`StreamWriter`, batched across generations, so a slow log never slows the engine.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner
 from workers.fair_share import FairQueue, Headroom, Item
-from workers.generation import serve_generation
+from workers.generation import PRIORITY, serve_generation
+from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
 
 logger = logging.getLogger(__name__)
@@ -53,12 +59,14 @@ class InteractiveWorker:
     SWEEP_S = 0.25  # how often queued work is checked for cancels and passed deadlines
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
-                 pool: str | None = None, max_in_flight: int | None = None, worker_id: str | None = None,
-                 quantum: int = 256, lookahead: int = 2000, cancel_log: EventLog | None = None):
+                 pool: str | None = None, max_in_flight: int | None = None, take_ahead: int | None = 0,
+                 worker_id: str | None = None, quantum: int = 256, lookahead: int = 2000,
+                 cancel_log: EventLog | None = None, stream_linger_s: float = 0.0):
         self._log, self._runner, self._engine = log, runner, engine
         self.pool = pool or topics.SHARED_POOL
         self.worker_id = worker_id or f"{self.pool}-{os.getpid()}"
-        self.capacity = max_in_flight or engine_capacity(engine)
+        running = max_in_flight or engine_capacity(engine)
+        self.capacity = running + (running if take_ahead is None else max(0, take_ahead))
         self._topics = {t.name: t for t in topics.pool_work_topics(pool)}
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
         self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
@@ -70,6 +78,7 @@ class InteractiveWorker:
         self._quantum = quantum
         self._slots = Headroom(self.capacity)
         self._io = ThreadPoolExecutor(self.capacity + 2, thread_name_prefix=f"{self.worker_id}-io")
+        self._writer = StreamWriter(log, self._io, linger_s=stream_linger_s)
         self._slots_lock = threading.Lock()
         self._wake = threading.Event()
         self._assigned: set | None = None
@@ -126,15 +135,15 @@ class InteractiveWorker:
             logger.warning("%s: taking work failed (%r); reading again from the committed positions",
                            self.worker_id, exc)
             with self._slots_lock:
-                for item, _ in starting:
+                for item, _, _ in starting:
                     self._slots.finished(item.tenant_id)
             self._consumer.seek_to_committed()
             self._reset(self._consumer.assignment())
             return 0
         self._committed = offsets
-        for item, started in starting:
+        for item, started, priority in starting:
             self._cancels.in_flight[started.payload.request_id] = ""
-            self._runner.submit_nowait(self._serve(item, started))
+            self._runner.submit_nowait(self._serve(item, started, priority))
         return len(starting)
 
     def _take_in(self, record: Record) -> None:
@@ -192,7 +201,7 @@ class InteractiveWorker:
         self._items.pop(item.value[3].payload.request.request_id, None)
         self._positions.release(item.value[0:2], item.value[2])
 
-    def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[Item, Envelope]]:
+    def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[Item, Envelope, int]]:
         """Takes items while their tenants may have a slot; appends what to write to `outputs`."""
         blocked = {tp for tp in list(self._positions.catch_up) if not self._positions.ready(tp, self._log)}
         starting = []
@@ -212,14 +221,16 @@ class InteractiveWorker:
                     request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
                     queued_ms=_ms_since(env.payload.queued_at, now)))
                 outputs += [(topics.OUTCOMES, started), (topics.STREAM, started), (self._topics[topic], started)]
+                # vLLM's order for what waits inside it: class first, then the lighter tenant.
+                priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[item.tenant_id])
                 self._slots.started(item.tenant_id)
-                starting.append((item, started))
+                starting.append((item, started, priority))
         return starting
 
-    async def _serve(self, item: Item, started_env: Envelope) -> None:
+    async def _serve(self, item: Item, started_env: Envelope, priority: int) -> None:
         try:
             ended = await serve_generation(self._log, self._engine, self._cancels, item.value[3], started_env,
-                                           self._io)
+                                           self._writer, self._io, priority=priority)
             self.served += ended
         finally:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)

@@ -26,7 +26,7 @@ class EmbeddedEventLog(EventLog):
         *,
         session_timeout_s: float = 10.0,
         heartbeat_interval_s: float = 1.0,
-        poll_interval_s: float = 0.02,
+        poll_interval_s: float = 0.002,
         busy_timeout_ms: int = 30_000,
         synchronous: str = "NORMAL",
     ):

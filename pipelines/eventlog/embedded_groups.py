@@ -26,7 +26,9 @@ from pipelines.eventlog.embedded_store import committed_offset, insert_records, 
 class GroupOptions:
     session_timeout_s: float = 10.0
     heartbeat_interval_s: float = 1.0
-    poll_interval_s: float = 0.02
+    # Idle members look every 2 ms, but only ask SQLite whether anything changed
+    # (`PRAGMA data_version`) and read only when something did.
+    poll_interval_s: float = 0.002
 
 
 def round_robin(roster: list[tuple[str, list[str]]], counts: dict[str, int]) -> dict[str, set[TopicPartition]]:
@@ -89,6 +91,8 @@ class EmbeddedGroupConsumer(GroupConsumer):
         self._next_heartbeat = 0.0
         self._turn = 0
         self._closed = False
+        self._seen_version: int | None = None
+        self._dirty = True  # read without waiting for another connection's write
         self._heartbeat(force=True)
 
     def _heartbeat(self, *, force: bool = False) -> None:
@@ -126,15 +130,24 @@ class EmbeddedGroupConsumer(GroupConsumer):
         self._generation = generation
         self._assigned = assigned
         self._positions = {tp: committed_offset(self._conn, self._group, *tp) or 0 for tp in assigned}
+        self._dirty = True
 
     def poll(self, *, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            self._heartbeat()
-            records = self._fetch(max_records)
+            # data_version moves whenever another connection commits: new records, a roster
+            # change. Read it before fetching, so a write racing the fetch is seen next turn.
+            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            if self._dirty or version != self._seen_version or time.monotonic() >= self._next_heartbeat:
+                self._seen_version, self._dirty = version, False
+                self._heartbeat()
+                records = self._fetch(max_records)
+                if records:
+                    self._dirty = len(records) >= max_records  # more may be waiting
+                    return records
             remaining = deadline - time.monotonic()
-            if records or remaining <= 0:
-                return records
+            if remaining <= 0:
+                return []
             time.sleep(min(self._options.poll_interval_s, remaining))
 
     def _fetch(self, max_records: int) -> list[Record]:
@@ -184,6 +197,7 @@ class EmbeddedGroupConsumer(GroupConsumer):
             self._next_heartbeat = 0.0
             raise
         self._uncommitted = {tp: pos for tp, pos in self._uncommitted.items() if pos > chosen.get(tp, -1)}
+        self._dirty = self._dirty or bool(outputs)  # our own writes do not move data_version
 
     def committed(self, topic: str, partition: int) -> int | None:
         return committed_offset(self._conn, self._group, topic, partition)
@@ -192,6 +206,7 @@ class EmbeddedGroupConsumer(GroupConsumer):
         self._stale = False
         self._uncommitted = {}
         self._positions = {tp: committed_offset(self._conn, self._group, *tp) or 0 for tp in self._assigned}
+        self._dirty = True
 
     def assignment(self) -> set[TopicPartition]:
         self._heartbeat()

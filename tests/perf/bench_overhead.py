@@ -194,7 +194,7 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
     (home / path).mkdir()
     platform = Platform(log_opener(path, home / path), runner,
                         Settings(home=home / path, grace_s=30.0, default_deadline_ms=300_000),
-                        max_in_flight=args.worker_in_flight)
+                        max_in_flight=MAX_SEQS, take_ahead=args.take_ahead)
     try:
         tenant_id, key = platform.tenant()
         with CpuMeter() as meter:
@@ -289,7 +289,7 @@ def table(rows: dict[str, dict]) -> str:
 
 def record(rows: dict[str, dict], command: str, args) -> None:
     entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n\n`{command}`\n\n"
-             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker in flight {args.worker_in_flight}), CPU; "
+             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}), CPU; "
              f"{args.latency_requests} sequential "
              f"requests of {LATENCY_TOKENS} tokens for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token "
              f"requests for {args.seconds:.0f} s for throughput; {os.cpu_count()} CPUs, load average "
@@ -304,8 +304,8 @@ def main() -> None:
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)
-    parser.add_argument("--worker-in-flight", type=int, default=MAX_SEQS,
-                        help="the pool worker's bound on sequences in flight (the engine's capacity by default)")
+    parser.add_argument("--take-ahead", type=int, default=MAX_SEQS,
+                        help="generations the pool worker starts beyond the engine's capacity (as deployed: the capacity)")
     parser.add_argument("--client", nargs=2, metavar=("BASE_URL", "KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
