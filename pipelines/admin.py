@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import uuid
 
 from pydantic import ValidationError
@@ -16,6 +17,7 @@ from models.events_admin import (
 from models.quota import LIMIT_FIELDS, MAX_WINDOW_S
 from models.registry import Registry, hash_secret
 from pipelines.eventlog import EventLog, Message, TopicSpec
+from pipelines.eventlog.base import Tail
 
 PLATFORM = "_platform"  # tenant id under which platform-wide admin events are keyed
 
@@ -33,29 +35,51 @@ class AdminConflict(AdminError):
 
 
 class RegistryView:
-    """A `Registry` kept up to date by reading the admin topic from where it left off."""
+    """A `Registry` kept up to date by following the admin topic from where it left off.
+
+    It follows through a tail of its own (on Kafka, a consumer assigned to the admin
+    partition only), so asking whether anything changed, which every request does, is one
+    cheap end-offset query and never moves a reader shared with other work."""
+
+    CATCH_UP_S = 30.0  # the most a refresh waits for records it knows are there
 
     def __init__(self, log: EventLog):
         self._log = log
         self._next = 0
         self._lock = threading.Lock()
+        self._tail: Tail | None = None
         self.registry = Registry()
 
     def refresh(self, timeout_s: float = 0.0) -> Registry:
+        """Applies every admin event written before the call; with `timeout_s`, first waits
+        up to that long for a new one if there is none."""
         with self._lock:
-            if not timeout_s and self._log.end_offset(topics.ADMIN.name, 0) <= self._next:
-                # Nothing new: asking where the log ends is far cheaper than a read that finds
-                # nothing (a Kafka fetch waits out its fetch wait), and every request asks.
-                return self.registry
-            while True:
-                records = self._log.read(topics.ADMIN.name, 0, self._next, max_records=1000, timeout_s=timeout_s)
-                for record in records:
-                    self.registry.apply(decode(record.value))
-                    self._next = record.offset + 1
-                # A read may return less than is there (one fetch of Kafka's): read until none is left.
-                if not records:
+            if self._tail is None:
+                self._tail = self._log.tail(topics.ADMIN.name, {0: self._next})
+            end = self._tail.end_offsets()[0]
+            if end <= self._next:
+                if not timeout_s or not self._apply(self._tail.poll(max_records=1000, timeout_s=timeout_s)):
                     return self.registry
-                timeout_s = 0.0
+                end = self._tail.end_offsets()[0]
+            deadline = time.monotonic() + self.CATCH_UP_S
+            while self._next < end:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"admin topic: at offset {self._next} of {end} after {self.CATCH_UP_S} s")
+                self._apply(self._tail.poll(max_records=1000, timeout_s=min(0.2, left)))
+            return self.registry
+
+    def _apply(self, records: list) -> int:
+        for record in records:
+            self.registry.apply(decode(record.value))
+        self._next = max(self._next, self._tail.offsets[0])
+        return len(records)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._tail is not None:
+                self._tail.close()
+                self._tail = None
 
 
 def _append(log: EventLog, env: Envelope) -> None:

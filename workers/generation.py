@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from contextlib import aclosing
 from datetime import datetime, timezone
 
@@ -38,10 +38,10 @@ def fetch_prompt(log: EventLog, ref) -> str:
 
 async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queued_env: Envelope,
                            started_env: Envelope, writer: StreamWriter, io: Executor | None = None,
-                           *, priority: int | None = None) -> int:
-    """Returns 1 once a terminal event is written. `io` runs the prompt fetch; `writer`
-    writes the token and terminal events. `priority` overrides the one the request's
-    class gives vLLM (lower runs sooner)."""
+                           *, priority: int | None = None, prompt: Future | None = None) -> int:
+    """Returns 1 once a terminal event is written. `io` runs the prompt fetch, unless
+    `prompt` is one already under way; `writer` writes the token and terminal events.
+    `priority` overrides the one the request's class gives vLLM (lower runs sooner)."""
     loop = asyncio.get_running_loop()
     item: GenerationQueued = queued_env.payload
     req = item.request
@@ -68,11 +68,12 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
         # A cancel or the deadline may come before the engine knows the request, where an
         # abort finds nothing to abort: look before starting, and at every delta.
         if not stopped():
-            prompt = await loop.run_in_executor(io, fetch_prompt, log, req.prompt_ref)
+            text = await (asyncio.wrap_future(prompt) if prompt is not None
+                          else loop.run_in_executor(io, fetch_prompt, log, req.prompt_ref))
         if not stopped():
             ran = True
             engine_request = EngineRequest(
-                request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
+                request_id=req.request_id, prompt=text, max_output_tokens=req.max_output_tokens,
                 tenant_id=queued_env.tenant_id,
                 priority=PRIORITY.get(req.priority, 1) if priority is None else priority,
                 temperature=req.sampling.temperature, top_p=req.sampling.top_p, seed=req.sampling.seed,

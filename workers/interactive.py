@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from models import topics
@@ -36,7 +36,7 @@ from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner
 from workers.fair_share import FairQueue, Headroom, Item
-from workers.generation import PRIORITY, serve_generation
+from workers.generation import PRIORITY, fetch_prompt, serve_generation
 from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
 
@@ -122,6 +122,9 @@ class InteractiveWorker:
             outputs += self._sweep(now)
         starting = self._choose(now, outputs)
         offsets = self._positions.commit_offsets()
+        # The prompts are read while the take commits: a read is harmless if it fails.
+        prompts = [self._io.submit(fetch_prompt, self._log, item.value[3].payload.request.prompt_ref)
+                   for item, _, _ in starting]
         if not outputs and offsets == self._committed:
             if not starting and len(self._queue) and not records:
                 self._wake.wait(wait)  # everything queued waits for a slot
@@ -141,9 +144,9 @@ class InteractiveWorker:
             self._reset(self._consumer.assignment())
             return 0
         self._committed = offsets
-        for item, started, priority in starting:
+        for (item, started, priority), prompt in zip(starting, prompts):
             self._cancels.in_flight[started.payload.request_id] = ""
-            self._runner.submit_nowait(self._serve(item, started, priority))
+            self._runner.submit_nowait(self._serve(item, started, priority, prompt))
         return len(starting)
 
     def _take_in(self, record: Record) -> None:
@@ -227,10 +230,10 @@ class InteractiveWorker:
                 starting.append((item, started, priority))
         return starting
 
-    async def _serve(self, item: Item, started_env: Envelope, priority: int) -> None:
+    async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future) -> None:
         try:
             ended = await serve_generation(self._log, self._engine, self._cancels, item.value[3], started_env,
-                                           self._writer, self._io, priority=priority)
+                                           self._writer, self._io, priority=priority, prompt=prompt)
             self.served += ended
         finally:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)

@@ -54,6 +54,7 @@ class KafkaEventLog(EventLog):
         self._producer: KafkaProducer | None = None
         self._reader: KafkaConsumer | None = None
         self._members: set[KafkaGroupConsumer] = set()
+        self._tails: set = set()  # closed with the log
 
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
         specs = [s for s in specs if s.name not in self._partitions]
@@ -128,9 +129,11 @@ class KafkaEventLog(EventLog):
 
     def _reader_for(self, tp: KafkaTP) -> KafkaConsumer:
         if self._reader is None:
-            # A short fetch wait: a fetch at a stale position otherwise holds a read up for 500 ms.
+            # A short fetch wait. The consumer fetches ahead after each poll, and a read of
+            # another partition waits until that fetch returns: at the broker's default wait
+            # (500 ms; it was 100 here) every change of partition cost that long.
             self._reader = KafkaConsumer(**self.consumer_config(client_id=f"{self._client_id}-reader",
-                                                                fetch_max_wait_ms=100))
+                                                                fetch_max_wait_ms=5))
         if self._reader.assignment() != {tp}:
             self._reader.assign([tp])
         return self._reader
@@ -184,7 +187,9 @@ class KafkaEventLog(EventLog):
     def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
         from pipelines.eventlog.kafka_tail import KafkaTail  # one consumer long-polling every partition
 
-        return KafkaTail(self, topic, offsets)
+        tail = KafkaTail(self, topic, offsets, on_close=self._tails.discard)
+        self._tails.add(tail)
+        return tail
 
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         member = KafkaGroupConsumer(self, group, list(topics), member_id or uuid.uuid4().hex,
@@ -196,6 +201,8 @@ class KafkaEventLog(EventLog):
     def close(self) -> None:
         for member in list(self._members):
             member.close()
+        for tail in list(self._tails):
+            tail.close()
         if self._reader is not None:
             self._reader.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))
         if self._producer is not None:

@@ -8,7 +8,7 @@ No group: positions live only in `offsets`, as for every `Tail`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from kafka import KafkaConsumer, TopicPartition as KafkaTP
 
@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 class KafkaTail(Tail):
-    def __init__(self, log: "KafkaEventLog", topic: str, offsets: dict[int, int], *, fetch_max_wait_ms: int = 50):
-        self._log, self._topic = log, topic
+    def __init__(self, log: "KafkaEventLog", topic: str, offsets: dict[int, int], *, fetch_max_wait_ms: int = 50,
+                 on_close: Callable[["KafkaTail"], None] | None = None):
+        self._log, self._topic, self._on_close = log, topic, on_close
         self.offsets = dict(offsets)
         self._timeout_ms = int(log._timeout_s * 1000)  # noqa: SLF001
         self._tps = {p: log._check(topic, p) for p in self.offsets}  # noqa: SLF001 - validates the range
@@ -68,3 +69,5 @@ class KafkaTail(Tail):
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
+        if self._on_close is not None:
+            self._on_close(self)
