@@ -57,6 +57,7 @@ class Tracker:
         self._decided = False
         self._last_token: float | None = None
         self._open = True
+        self._inter_token = metrics.inter_token.labels(pool)  # looked up once: every token observes it
         metrics.in_flight.labels(tenant_id).inc()
 
     def on_event(self, event: StreamEvent) -> None:
@@ -72,8 +73,9 @@ class Tracker:
                 m.ttft.labels(self._pool).observe(now - self._t0)
             else:
                 gap = (now - self._last_token) / p.token_count  # deltas merged into one event share the gap
+                observe = self._inter_token.observe
                 for _ in range(p.token_count):
-                    m.inter_token.labels(self._pool).observe(gap)
+                    observe(gap)
             self._last_token = now
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
             m.e2e.labels(self._pool).observe(now - self._t0)

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     # engine, so a finished sequence is replaced at the next step (None: the capacity again).
     worker_take_ahead: int | None = None
     # How long a generation's later tokens may wait to share one stream event (ms).
-    stream_linger_ms: float = 0.0
+    stream_linger_ms: float = 10.0
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -118,7 +118,7 @@ class Platform:
         names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would."""
         worker = InteractiveWorker(log or self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
                                    take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool,
-                                   cancel_log=self._log())
+                                   cancel_log=self._log(), stream_linger_s=self.settings.stream_linger_ms / 1000)
         if pool is None:
             self.worker = worker
         loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), close or worker.close).start()

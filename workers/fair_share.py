@@ -126,28 +126,34 @@ class FairQueue(Generic[T]):
 
 
 class Headroom:
-    """Engine slots by tenant; see the module docstring for the one slot it keeps."""
+    """Engine slots by tenant; see the module docstring for the one slot it keeps.
 
-    def __init__(self, capacity: int, *, recent_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
-        if capacity <= 0:
-            raise ValueError("capacity must be positive")
-        self.capacity, self.recent_s, self._clock = capacity, recent_s, clock
+    `take_ahead` slots beyond the engine's capacity hold work that waits inside the engine.
+    They follow the rule of the last slot: a tenant over its fair share takes them only
+    while no other tenant is active, so a light tenant never finds every engine slot taken
+    by a heavy one's work and its own waiting behind it."""
+
+    def __init__(self, capacity: int, *, take_ahead: int = 0, recent_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if capacity <= 0 or take_ahead < 0:
+            raise ValueError("capacity must be positive and take_ahead not negative")
+        self.capacity, self.take_ahead, self.recent_s, self._clock = capacity, take_ahead, recent_s, clock
         self.in_flight: Counter = Counter()
         self._last_seen: dict[str, float] = {}
 
     @property
     def free(self) -> int:
-        return self.capacity - sum(self.in_flight.values())
+        return self.capacity + self.take_ahead - sum(self.in_flight.values())
 
     def seen(self, tenant_id: str) -> None:
         """Work of the tenant arrived (queued or started)."""
         self._last_seen[tenant_id] = self._clock()
 
     def may_start(self, tenant_id: str) -> bool:
-        free = self.free
-        if free <= 0:
+        total = sum(self.in_flight.values())
+        if total >= self.capacity + self.take_ahead:
             return False
-        if free > 1:
+        if total < self.capacity - 1:
             return True
         now = self._clock()
         others = [t for t, at in self._last_seen.items() if t != tenant_id and now - at <= self.recent_s]

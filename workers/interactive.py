@@ -6,9 +6,10 @@ across tenants, high priority first) and starts an item when `Headroom` gives it
 one of the worker's slots. Slots are the engine's capacity (max_num_seqs) plus a small
 take-ahead (`take_ahead`; None: the capacity again) that waits inside the engine, so
 a sequence that ends is replaced at the engine's next step instead of after a round trip
-through the log. What waits inside the engine is ordered by priority class, then by how
-many generations its tenant already had in flight when it was taken, so a light
-tenant's request overtakes a heavy tenant's waiting ones there too. Taking is
+through the log. A tenant over its fair share gets the take-ahead (and the last engine
+slot) only while no other tenant is active (see `Headroom`), and what waits inside the
+engine is ordered by priority class, then by how many generations its tenant already
+had in flight when it was taken. Taking is
 committed with the item's `GenerationStarted` before any token is made, and only up to
 the first item not yet taken (see `workers.work_positions`), so a crash leaves untaken
 work to the next owner and nothing runs twice. Cancelled work and work whose deadline
@@ -66,7 +67,8 @@ class InteractiveWorker:
         self.pool = pool or topics.SHARED_POOL
         self.worker_id = worker_id or f"{self.pool}-{os.getpid()}"
         running = max_in_flight or engine_capacity(engine)
-        self.capacity = running + (running if take_ahead is None else max(0, take_ahead))
+        take_ahead = running if take_ahead is None else max(0, take_ahead)
+        self.capacity = running + take_ahead
         self._topics = {t.name: t for t in topics.pool_work_topics(pool)}
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
         self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
@@ -76,7 +78,7 @@ class InteractiveWorker:
         self._cancels.start(name=f"{self.worker_id}-cancels")
         self._lookahead = lookahead
         self._quantum = quantum
-        self._slots = Headroom(self.capacity)
+        self._slots = Headroom(running, take_ahead=take_ahead)
         self._io = ThreadPoolExecutor(self.capacity + 2, thread_name_prefix=f"{self.worker_id}-io")
         self._writer = StreamWriter(log, self._io, linger_s=stream_linger_s)
         self._slots_lock = threading.Lock()

@@ -22,6 +22,14 @@ LAYERS = 2
 INTERMEDIATE = 256
 MAX_POSITIONS = 2048
 VOCAB = 2048
+# Other shapes of the same recipe: "small" (~40M parameters) costs the engine enough per
+# token that its batches are compute-bound on a CPU, as a real model's are on any device.
+SHAPES = {
+    "tiny": {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": LAYERS,
+             "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS},
+    "small": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 6,
+              "num_attention_heads": 12, "num_key_value_heads": 4},
+}
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
 PAD, BOS, EOS = SPECIAL_TOKENS
 
@@ -32,15 +40,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tiny_model(directory: Path, *, seed: int = 0) -> Path:
-    """Write the tiny model into `directory` (created if needed) and return it. A directory
-    already holding a complete model for this seed is left as it is."""
+def make_tiny_model(directory: Path, *, seed: int = 0, shape: str = "tiny") -> Path:
+    """Write the tiny model (or another of `SHAPES`) into `directory` (created if needed)
+    and return it. A directory already holding a complete model for this seed and shape is
+    left as it is."""
     directory = Path(directory)
-    if is_complete(directory, seed=seed):
+    if is_complete(directory, seed=seed, shape=shape):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer_json, vocab_size = _train_tokenizer()
-    config = _model_config(vocab_size)
+    config = _model_config(vocab_size, shape)
     files = {
         "config.json": _json_bytes(config),
         "generation_config.json": _json_bytes(
@@ -56,18 +65,19 @@ def make_tiny_model(directory: Path, *, seed: int = 0) -> Path:
     marker = {
         "format": FORMAT,
         "seed": seed,
+        **({} if shape == "tiny" else {"shape": shape}),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
     }
     _write_atomic(directory / MARKER, _json_bytes(marker))
     return directory
 
 
-def is_complete(directory: Path, *, seed: int = 0) -> bool:
+def is_complete(directory: Path, *, seed: int = 0, shape: str = "tiny") -> bool:
     try:
         marker = json.loads((Path(directory) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    if marker.get("format") != FORMAT or marker.get("seed") != seed:
+    if marker.get("format") != FORMAT or marker.get("seed") != seed or marker.get("shape", "tiny") != shape:
         return False
     for name, digest in marker.get("files", {}).items():
         try:
@@ -103,16 +113,12 @@ def _train_tokenizer() -> tuple[str, int]:
     return tokenizer.to_str(pretty=True), tokenizer.get_vocab_size(with_added_tokens=True)
 
 
-def _model_config(vocab_size: int) -> dict[str, Any]:
+def _model_config(vocab_size: int, shape: str = "tiny") -> dict[str, Any]:
     from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
+        **SHAPES[shape],
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=False,

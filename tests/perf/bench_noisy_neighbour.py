@@ -195,9 +195,10 @@ def run(args) -> list[dict]:
         model = make_tiny_model(home / "tiny", seed=0)
         runner = EngineRunner(VllmEngine(VllmEngineConfig(model=model, max_model_len=512, max_num_seqs=MAX_SEQS,
                                                           kv_cache_gb=0.25)), name="bench-engine").start()
-        platform = Platform(log_opener(args.log, home), runner, Settings(home=home, grace_s=30.0,
-                                                                         default_deadline_ms=300_000),
-                            max_in_flight=MAX_SEQS)
+        settings = Settings(home=home, grace_s=30.0, default_deadline_ms=300_000,
+                            stream_linger_ms=args.stream_linger_ms)
+        platform = Platform(log_opener(args.log, home), runner, settings,
+                            max_in_flight=MAX_SEQS, take_ahead=args.take_ahead)
         try:
             (_, a_key), (b_id, b_key) = platform.tenant(), platform.tenant()
             asyncio.run(platform_phase(platform.base_url, a_key, b_key, 3, 0.25, True))  # warm-up
@@ -244,7 +245,7 @@ def table(rows: list[dict]) -> str:
 def record(rows: list[dict], command: str, args) -> None:
     load = os.getloadavg()[0]
     entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC ({args.log} log)\n\n`{command}`\n\n"
-             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}); A keeps {FLOOD} requests of {A_TOKENS} tokens "
+             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}); A keeps {FLOOD} requests of {A_TOKENS} tokens "
              f"in flight, B sends one of {B_TOKENS} tokens every {args.every * 1000:.0f} ms for {args.seconds:.0f} s; "
              f"{os.cpu_count()} CPUs, load average {load:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
     append_entry(SECTION, entry)
@@ -255,6 +256,10 @@ def main() -> None:
     parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--every", type=float, default=0.25, help="seconds between B's requests")
+    parser.add_argument("--take-ahead", type=int, default=MAX_SEQS,
+                        help="generations the pool worker starts beyond the engine's capacity (as deployed: the capacity)")
+    parser.add_argument("--stream-linger-ms", type=float, default=Settings().stream_linger_ms,
+                        help="how long a generation's later tokens may wait to share a stream event (as deployed)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     rows = run(args)

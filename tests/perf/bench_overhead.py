@@ -193,7 +193,8 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
 
     (home / path).mkdir()
     platform = Platform(log_opener(path, home / path), runner,
-                        Settings(home=home / path, grace_s=30.0, default_deadline_ms=300_000),
+                        Settings(home=home / path, grace_s=30.0, default_deadline_ms=300_000,
+                                 **({} if args.stream_linger_ms is None else {"stream_linger_ms": args.stream_linger_ms})),
                         max_in_flight=MAX_SEQS, take_ahead=args.take_ahead)
     try:
         tenant_id, key = platform.tenant()
@@ -248,7 +249,7 @@ def run(args) -> dict[str, dict]:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        config = VllmEngineConfig(model=make_tiny_model(home / "tiny", seed=0), max_model_len=512,
+        config = VllmEngineConfig(model=make_tiny_model(home / "tiny", seed=0, shape=args.model), max_model_len=512,
                                   max_num_seqs=MAX_SEQS, kv_cache_gb=0.25)
         runner = EngineRunner(VllmEngine(config), name="bench-engine").start()
         try:
@@ -289,7 +290,7 @@ def table(rows: dict[str, dict]) -> str:
 
 def record(rows: dict[str, dict], command: str, args) -> None:
     entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n\n`{command}`\n\n"
-             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}), CPU; "
+             f"{args.model.capitalize()} model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}), CPU; "
              f"{args.latency_requests} sequential "
              f"requests of {LATENCY_TOKENS} tokens for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token "
              f"requests for {args.seconds:.0f} s for throughput; {os.cpu_count()} CPUs, load average "
@@ -301,12 +302,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--paths", nargs="+", choices=["embedded", "embedded-2ms", "kafka"],
                         default=["embedded", "embedded-2ms", "kafka"])
+    parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
+                        help="tiny: the engine costs almost nothing per token, so the platform's own cost "
+                             "shows in full; small (~40M parameters): compute-bound batches, as with a real model")
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)
     parser.add_argument("--take-ahead", type=int, default=MAX_SEQS,
                         help="generations the pool worker starts beyond the engine's capacity (as deployed: the capacity)")
     parser.add_argument("--client", nargs=2, metavar=("BASE_URL", "KEY"), help=argparse.SUPPRESS)
+    parser.add_argument("--stream-linger-ms", type=float, default=None,
+                        help="how long a generation's later tokens may wait to share a stream event (as deployed)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     if args.client:

@@ -104,3 +104,23 @@ def test_headroom_keeps_the_last_slot_from_a_heavy_tenant_while_another_is_activ
     slots.finished("light")
     now[0] = 10.0  # the light tenant has gone quiet
     assert slots.may_start("heavy")
+
+
+def test_take_ahead_is_for_a_lone_tenant_or_one_under_its_fair_share():
+    now = [0.0]
+    slots = Headroom(4, take_ahead=4, recent_s=5.0, clock=lambda: now[0])
+    for _ in range(8):
+        assert slots.may_start("heavy"), "alone, a tenant fills the engine and the take-ahead"
+        slots.started("heavy")
+    assert slots.free == 0 and not slots.may_start("heavy")
+    for _ in range(5):
+        slots.finished("heavy")
+    assert sum(slots.in_flight.values()) == 3
+    slots.seen("light")
+    assert not slots.may_start("heavy"), "with another tenant active, the last engine slot is not the heavy one's"
+    assert slots.may_start("light")
+    slots.started("light")
+    assert not slots.may_start("heavy"), "nor is the take-ahead"
+    assert slots.may_start("light"), "a tenant under its fair share may wait inside the engine"
+    now[0] = 10.0  # the light tenant has gone quiet
+    assert slots.may_start("heavy")
