@@ -48,6 +48,7 @@ class StreamWriter:
         self._batch_done: asyncio.Future | None = None  # resolves when the batch in flight is written
         self._in_flight: set[str] = set()
         self.appends = 0  # stream appends made (for tests and metrics)
+        self._urgent = asyncio.Event()  # something that should not linger is pending
 
     def tokens(self, started: Envelope, text: str, count: int) -> None:
         """Queues a delta of the generation `started` began; raises if an earlier append
@@ -60,6 +61,8 @@ class StreamWriter:
             entry = self._pending[rid] = _Pending(started, first=self._seq.get(rid, 0) == 0)
         entry.text.append(text)
         entry.tokens += count
+        if entry.first:
+            self._urgent.set()
         self._kick()
 
     async def finish(self, started: Envelope, terminal: Envelope | None) -> None:
@@ -71,6 +74,7 @@ class StreamWriter:
         try:
             if terminal is not None:
                 self._pending.setdefault(rid, _Pending(started)).terminal = terminal
+                self._urgent.set()
                 self._kick()
             while rid in self._pending or rid in self._in_flight:
                 await asyncio.shield(self._wait_batch())
@@ -101,8 +105,12 @@ class StreamWriter:
         while self._pending:
             if self.linger_s and not any(p.first or p.terminal for p in self._pending.values()):
                 wait = last_write + self.linger_s - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                if wait > 0:  # a generation's first tokens or its end cut the wait short
+                    self._urgent.clear()
+                    try:
+                        await asyncio.wait_for(self._urgent.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
             batch, self._pending = self._pending, {}
             self._in_flight = set(batch)
             self._batch_done = loop.create_future()

@@ -1,0 +1,114 @@
+"""The worker's stream writer: batching across generations, order, endings, failures."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from models import topics
+from models.events import decode, new_event
+from models.events_generation import GenerationFailed, GenerationStarted, Timings, TokensEmitted
+from workers.stream_writer import StreamWriter
+
+
+class RecordingLog:
+    """Just enough of an EventLog: remembers every append; can be made slow or failing."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.appends: list[tuple[str, list]] = []
+        self.delay_s, self.fail = delay_s, False
+        self._lock = threading.Lock()
+
+    def append(self, topic, messages):
+        time.sleep(self.delay_s)
+        if self.fail:
+            raise OSError("log unavailable")
+        with self._lock:
+            self.appends.append((topic, [decode(m.value) for m in messages]))
+        return []
+
+    def on(self, topic) -> list:
+        return [env for name, envs in self.appends if name == topic.name for env in envs]
+
+
+def started(request_id: str, tenant: str = "acme"):
+    return new_event(GenerationStarted(request_id=request_id, worker_id="w", model_revision="m@1", queued_ms=0),
+                     tenant_id=tenant, correlation_id=request_id)
+
+
+def ending(start):
+    return new_event(GenerationFailed(request_id=start.payload.request_id, error_code="engine_error", message="x",
+                                      timings=Timings(queued_ms=0)),
+                     tenant_id=start.tenant_id, correlation_id=start.correlation_id)
+
+
+def test_deltas_of_several_generations_share_an_append_and_keep_their_order():
+    log = RecordingLog(delay_s=0.02)  # a slow append: what arrives meanwhile is batched
+
+    async def main():
+        writer = StreamWriter(log)
+        a, b = started("a"), started("b")
+        for i in range(10):
+            writer.tokens(a, f"a{i} ", 1)
+            writer.tokens(b, f"b{i} ", 1)
+            await asyncio.sleep(0.005)
+        await writer.finish(a, ending(a))
+        await writer.finish(b, ending(b))
+        return writer
+
+    writer = asyncio.run(main())
+    stream = log.on(topics.STREAM)
+    for rid in ("a", "b"):
+        mine = [e.payload for e in stream if e.correlation_id == rid]
+        tokens = [p for p in mine if isinstance(p, TokensEmitted)]
+        assert [t.seq for t in tokens] == list(range(len(tokens))), "seq has no gap and no repeat"
+        assert "".join(t.text for t in tokens) == "".join(f"{rid}{i} " for i in range(10)), "nothing lost or reordered"
+        assert sum(t.token_count for t in tokens) == 10
+        assert isinstance(mine[-1], GenerationFailed), "the end comes after the last tokens"
+    assert writer.appends < 20, "deltas that arrive during an append are merged into the next one"
+    assert any({e.correlation_id for e in envs} == {"a", "b"} for name, envs in log.appends
+               if name == topics.STREAM.name), "one append carries both generations"
+    assert [e.correlation_id for e in log.on(topics.OUTCOMES)] == ["a", "b"]
+
+
+def test_first_tokens_do_not_wait_for_the_linger_of_others():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log, linger_s=0.5)
+        busy = started("busy")
+        writer.tokens(busy, "x", 1)
+        await asyncio.sleep(0.02)
+        writer.tokens(busy, "y", 1)  # lingers
+        await asyncio.sleep(0.01)
+        fresh = started("fresh")
+        t0 = time.monotonic()
+        writer.tokens(fresh, "hello", 1)
+        await writer.drain(fresh)
+        waited = time.monotonic() - t0
+        await writer.finish(busy, ending(busy))
+        await writer.finish(fresh, ending(fresh))
+        return waited
+
+    waited = asyncio.run(main())
+    assert waited < 0.25, f"a first token waited {waited:.3f}s behind another generation's linger"
+
+
+def test_a_failed_append_is_reported_once_and_the_ending_can_still_be_written():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log)
+        start = started("r")
+        log.fail = True
+        writer.tokens(start, "lost", 1)
+        with pytest.raises(OSError):
+            await writer.drain(start)
+        log.fail = False
+        await writer.finish(start, ending(start))
+
+    asyncio.run(main())
+    assert [type(e.payload) for e in log.on(topics.STREAM)] == [GenerationFailed]
+    assert [type(e.payload) for e in log.on(topics.OUTCOMES)] == [GenerationFailed]
