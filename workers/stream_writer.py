@@ -49,6 +49,7 @@ class StreamWriter:
         self._in_flight: set[str] = set()
         self.appends = 0  # stream appends made (for tests and metrics)
         self._urgent = asyncio.Event()  # something that should not linger is pending
+        self._last_write = 0.0
 
     def tokens(self, started: Envelope, text: str, count: int) -> None:
         """Queues a delta of the generation `started` began; raises if an earlier append
@@ -101,10 +102,9 @@ class StreamWriter:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        last_write = 0.0
         while self._pending:
             if self.linger_s and not any(p.first or p.terminal for p in self._pending.values()):
-                wait = last_write + self.linger_s - time.monotonic()
+                wait = self._last_write + self.linger_s - time.monotonic()
                 if wait > 0:  # a generation's first tokens or its end cut the wait short
                     self._urgent.clear()
                     try:
@@ -114,7 +114,7 @@ class StreamWriter:
             batch, self._pending = self._pending, {}
             self._in_flight = set(batch)
             self._batch_done = loop.create_future()
-            last_write = time.monotonic()
+            self._last_write = time.monotonic()
             try:
                 stream, ends = self._events(batch)
                 try:

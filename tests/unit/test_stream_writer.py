@@ -112,3 +112,21 @@ def test_a_failed_append_is_reported_once_and_the_ending_can_still_be_written():
     asyncio.run(main())
     assert [type(e.payload) for e in log.on(topics.STREAM)] == [GenerationFailed]
     assert [type(e.payload) for e in log.on(topics.OUTCOMES)] == [GenerationFailed]
+
+
+def test_a_lone_stream_lingers_between_its_events():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log, linger_s=0.05)
+        start = started("solo")
+        for i in range(20):  # a token every 5 ms: about ten to a 50 ms linger
+            writer.tokens(start, f"t{i} ", 1)
+            await asyncio.sleep(0.005)
+        await writer.finish(start, ending(start))
+
+    asyncio.run(main())
+    tokens = [e.payload for e in log.on(topics.STREAM) if isinstance(e.payload, TokensEmitted)]
+    assert sum(t.token_count for t in tokens) == 20
+    assert tokens[0].token_count == 1, "the first token goes out at once"
+    assert len(tokens) <= 6, f"{len(tokens)} events for 20 tokens: later tokens did not linger"
