@@ -13,7 +13,7 @@ from pipelines.bootstrap import topic_specs
 from pipelines.eventlog import open_event_log
 from pipelines.eventlog.namespaced import NamespacedEventLog
 
-pytest_plugins = ["tests.engine_fixture"]
+pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup"]
 
 SERVICE_VARS = {
     "kafka": "LEDGERLM_TEST_KAFKA",

@@ -1,0 +1,58 @@
+"""Deletes, at the end of a test session, the Kafka topics the session created.
+
+Every platform and contract test makes topics under a fresh namespace, and the broker
+keeps them: a few hundred partitions per run, which after a few dozen runs slow the
+broker's start past `infra/kafka.sh`'s bound. Topics are recorded as this process asks
+for them (`KafkaEventLog.ensure_topics`), so another session's topics on the same broker
+are never touched, nor are the un-namespaced `ledgerlm.*` ones. A failed cleanup is a
+warning, not a failed run: it cannot change what the tests found.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+_created: set[str] = set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _delete_session_topics():
+    from pipelines.eventlog.kafka import KafkaEventLog
+
+    original = KafkaEventLog.ensure_topics
+
+    def ensure_topics(self, specs):
+        specs = list(specs)
+        _created.update(s.name for s in specs if not s.name.startswith("ledgerlm."))
+        return original(self, specs)
+
+    KafkaEventLog.ensure_topics = ensure_topics
+    try:
+        yield
+    finally:
+        KafkaEventLog.ensure_topics = original
+        url = os.environ.get("LEDGERLM_TEST_KAFKA", "")
+        if _created and url.startswith("kafka://"):
+            _delete(url[len("kafka://"):].split(","), sorted(_created))
+
+
+def _delete(servers: list[str], names: list[str]) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=servers, client_id="ledgerlm-test-cleanup",
+                                 request_timeout_ms=30_000)
+    except Exception as exc:  # the broker is gone already: nothing to clean
+        warnings.warn(f"could not reach Kafka to delete {len(names)} test topics: {exc!r}")
+        return
+    try:
+        existing = set(admin.list_topics())
+        doomed = [n for n in names if n in existing]
+        for i in range(0, len(doomed), 100):
+            admin.delete_topics(doomed[i:i + 100], timeout_ms=30_000)
+    except Exception as exc:
+        warnings.warn(f"deleting this session's Kafka topics failed: {exc!r}")
+    finally:
+        admin.close()
