@@ -59,13 +59,15 @@ def report_failure(log: EventLog, task: ChunkTask, code: str, message: str, work
 def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: EngineSlot, worker_id: str,
               attempt: int) -> str:
     """Runs the chunk (or finds it done) and reports it; returns what happened."""
+    usage = read_usage(store, task.part_key)
+    # Looked for right before starting: the gap between the look and `BatchChunkStarted`
+    # is where a stop written meanwhile goes unseen (this chunk then runs and is settled).
     marker = keys.stop_marker_key(task.tenant_id, task.batch_id)
-    if store.exists(marker):
+    if usage is None and store.exists(marker):
         reason = store.get_bytes(marker).decode().strip()
         reason = reason if reason in ("batch_cancelled", "batch_expired") else "batch_cancelled"
         report(log, task, BatchChunkSkipped(batch_id=task.batch_id, chunk_index=task.chunk_index, reason=reason))
         return "skipped"
-    usage = read_usage(store, task.part_key)
     if usage is None:
         report(log, task, BatchChunkStarted(batch_id=task.batch_id, chunk_index=task.chunk_index,
                                             worker_id=worker_id, attempt=attempt))
