@@ -9,9 +9,8 @@ a sequence that ends is replaced at the engine's next step instead of after a ro
 through the log. A tenant over its fair share gets the take-ahead (and the last engine
 slot) only while no other tenant is active (see `Headroom`), and what waits inside the
 engine is ordered by priority class, then by how many generations its tenant already
-had in flight when it was taken. Taking is
-committed with the item's `GenerationStarted` before any token is made, and only up to
-the first item not yet taken (see `workers.work_positions`), so a crash leaves untaken
+had in flight when it was taken. Taking is committed with the item's `GenerationStarted`
+before any token is made, and only up to the first item not yet taken (see `workers.work_positions`), so a crash leaves untaken
 work to the next owner and nothing runs twice. Cancelled work and work whose deadline
 passed in the queue ends there without running; running work is aborted on
 `CancelRequested` and at its deadline. Token and terminal events go out through one
@@ -72,8 +71,8 @@ class InteractiveWorker:
         self._topics = {t.name: t for t in topics.pool_work_topics(pool)}
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
         self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
-        # Its own log handle, where it can: on Kafka, reads through one handle take turns,
-        # and prompt fetches should not wait behind the cancel watch's.
+        # Its own log handle, where it can: the watch's tail then shares nothing with the
+        # worker's reads and appends.
         self._cancels = CancelWatch(cancel_log or log, runner, engine)
         self._cancels.start(name=f"{self.worker_id}-cancels")
         self._lookahead = lookahead
