@@ -3,15 +3,11 @@ the one vLLM engine of the session, and a whole platform per event-log adapter."
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 
 from models.settings import Settings
-from pipelines.bootstrap import topic_specs
-from pipelines.eventlog import open_event_log
-from pipelines.eventlog.namespaced import NamespacedEventLog
 
 pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup"]
 
@@ -56,18 +52,9 @@ def s3_endpoint() -> str:
 
 def make_log_opener(kind: str, tmp_dir: Path):
     """A function opening fresh handles onto one isolated log of the given adapter."""
-    if kind == "embedded":
-        url = f"sqlite:///{tmp_dir / 'eventlog.db'}"
-        first = open_event_log(url)
-        first.ensure_topics(topic_specs())
-        first.close()
-        return lambda: open_event_log(url)
-    url = service_url("kafka")
-    namespace = "t" + uuid.uuid4().hex[:12]
-    first = NamespacedEventLog(open_event_log(url), namespace)
-    first.ensure_topics(topic_specs())
-    first.close()
-    return lambda: NamespacedEventLog(open_event_log(url), namespace)
+    from tests.harness import isolated_log_opener
+
+    return isolated_log_opener(kind, tmp_dir, kafka_url=service_url("kafka") if kind == "kafka" else "")
 
 
 @pytest.fixture(scope="session", params=["embedded", "kafka"])

@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Callable
 
 import httpx
@@ -23,12 +24,29 @@ from models.settings import Settings
 from pipelines import admin
 from pipelines.admission import AdmissionProcessor
 from pipelines.admin import RegistryView
-from pipelines.eventlog import EventLog
+from pipelines.bootstrap import topic_specs
+from pipelines.eventlog import EventLog, open_event_log
+from pipelines.eventlog.namespaced import NamespacedEventLog
 from pipelines.tokencount import TokenCounter
 from workers.engine_runner import EngineRunner
 from workers.interactive import InteractiveWorker
 
 MODEL_ALIAS = "tiny"
+
+
+def isolated_log_opener(kind: str, home: Path, *, kafka_url: str = "", prefix: str = "t") -> Callable[[], EventLog]:
+    """A function opening fresh handles onto one isolated log: an embedded one under `home`,
+    or a new namespace (`prefix` + random) on the Kafka at `kafka_url`. Topics are made."""
+    if kind == "embedded":
+        url = f"sqlite:///{home / 'eventlog.db'}"
+        open_fresh = lambda: open_event_log(url)  # noqa: E731
+    else:
+        namespace = prefix + uuid.uuid4().hex[:12]
+        open_fresh = lambda: NamespacedEventLog(open_event_log(kafka_url), namespace)  # noqa: E731
+    first = open_fresh()
+    first.ensure_topics(topic_specs())
+    first.close()
+    return open_fresh
 
 
 def free_port() -> int:

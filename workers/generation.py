@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from contextlib import aclosing
 from datetime import datetime, timezone
 
@@ -36,12 +36,11 @@ def fetch_prompt(log: EventLog, ref) -> str:
     return payload.prompt
 
 
-async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queued_env: Envelope,
-                           started_env: Envelope, writer: StreamWriter, io: Executor | None = None,
-                           *, priority: int | None = None, prompt: Future | None = None) -> int:
-    """Returns 1 once a terminal event is written. `io` runs the prompt fetch, unless
-    `prompt` is one already under way; `writer` writes the token and terminal events.
-    `priority` overrides the one the request's class gives vLLM (lower runs sooner)."""
+async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelope, started_env: Envelope,
+                           writer: StreamWriter, prompt: Future, *, priority: int | None = None) -> int:
+    """Returns 1 once a terminal event is written. `prompt` is the prompt's fetch, already
+    under way (`fetch_prompt`); `writer` writes the token and terminal events. `priority`
+    overrides the one the request's class gives vLLM (lower runs sooner)."""
     loop = asyncio.get_running_loop()
     item: GenerationQueued = queued_env.payload
     req = item.request
@@ -68,8 +67,7 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
         # A cancel or the deadline may come before the engine knows the request, where an
         # abort finds nothing to abort: look before starting, and at every delta.
         if not stopped():
-            text = await (asyncio.wrap_future(prompt) if prompt is not None
-                          else loop.run_in_executor(io, fetch_prompt, log, req.prompt_ref))
+            text = await asyncio.wrap_future(prompt)
         if not stopped():
             ran = True
             engine_request = EngineRequest(
@@ -92,8 +90,7 @@ async def serve_generation(log: EventLog, engine: InferenceEngine, cancels, queu
                     elif stopped():
                         break
             await writer.drain(started_env)
-        cancel_reason = (cancels.in_flight.get(req.request_id) or cancels.cancelled.get(req.request_id)
-                         or ("deadline" if finish_reason == "abort" else None))
+        cancel_reason = stopped() or ("deadline" if finish_reason == "abort" else None)
         if cancel_reason:
             terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
                                            input_tokens=req.input_tokens if ran else 0,

@@ -10,8 +10,9 @@ through the log. A tenant over its fair share gets the take-ahead (and the last 
 slot) only while no other tenant is active (see `Headroom`), and what waits inside the
 engine is ordered by priority class, then by how many generations its tenant already
 had in flight when it was taken. Taking is committed with the item's `GenerationStarted`
-before any token is made, and only up to the first item not yet taken (see `workers.work_positions`), so a crash leaves untaken
-work to the next owner and nothing runs twice. Cancelled work and work whose deadline
+before any token is made, and only up to the first item not yet taken (see
+`workers.work_positions`), so a crash leaves untaken work to the next owner and nothing
+runs twice. Cancelled work and work whose deadline
 passed in the queue ends there without running; running work is aborted on
 `CancelRequested` and at its deadline. Token and terminal events go out through one
 `StreamWriter`, batched across generations, so a slow log never slows the engine.
@@ -233,8 +234,8 @@ class InteractiveWorker:
 
     async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future) -> None:
         try:
-            ended = await serve_generation(self._log, self._engine, self._cancels, item.value[3], started_env,
-                                           self._writer, self._io, priority=priority, prompt=prompt)
+            ended = await serve_generation(self._engine, self._cancels, item.value[3], started_env, self._writer,
+                                           prompt, priority=priority)
             self.served += ended
         finally:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from pipelines.eventlog.base import Fenced, GroupConsumer, Message, Record, TopicPartition
-from pipelines.eventlog.embedded_store import committed_offset, insert_records, now_ms, select_records, write_txn
+from pipelines.eventlog.embedded_store import (
+    DataVersion, committed_offset, insert_records, now_ms, select_records, write_txn,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,7 @@ class EmbeddedGroupConsumer(GroupConsumer):
         self._next_heartbeat = 0.0
         self._turn = 0
         self._closed = False
-        self._seen_version: int | None = None
+        self._changes = DataVersion(conn)
         self._dirty = True  # read without waiting for another connection's write
         self._heartbeat(force=True)
 
@@ -135,11 +137,10 @@ class EmbeddedGroupConsumer(GroupConsumer):
     def poll(self, *, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            # data_version moves whenever another connection commits: new records, a roster
-            # change. Read it before fetching, so a write racing the fetch is seen next turn.
-            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            if self._dirty or version != self._seen_version or time.monotonic() >= self._next_heartbeat:
-                self._seen_version, self._dirty = version, False
+            # Another connection's commit (new records, a roster change) moves the data
+            # version. Looked at before fetching, so a write racing the fetch is seen next turn.
+            if self._changes.moved() or self._dirty or time.monotonic() >= self._next_heartbeat:
+                self._dirty = False
                 self._heartbeat()
                 records = self._fetch(max_records)
                 if records:

@@ -51,6 +51,19 @@ def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> sqlite3.Con
     return conn
 
 
+class DataVersion:
+    """Whether another connection committed to the database since the last look, by SQLite's
+    `PRAGMA data_version` (reads no table). A connection's own commits do not move it."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn, self._seen = conn, None
+
+    def moved(self) -> bool:
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        moved, self._seen = version != self._seen, version
+        return moved
+
+
 @contextmanager
 def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")

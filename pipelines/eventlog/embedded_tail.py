@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pipelines.eventlog.base import Record, Tail
-from pipelines.eventlog.embedded_store import check_partition, connect
+from pipelines.eventlog.embedded_store import DataVersion, check_partition, connect
 
 if TYPE_CHECKING:
     from pipelines.eventlog.embedded import EmbeddedEventLog
@@ -28,15 +28,13 @@ class EmbeddedTail(Tail):
                              synchronous=log._synchronous)  # noqa: SLF001
         for partition in self.offsets:
             check_partition(self._conn, topic, partition)
-        self._seen_version: int | None = None
+        self._changes = DataVersion(self._conn)
         self._more = True  # the last read stopped at its limit: read again without waiting
 
     def poll(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Record]:
         deadline = time.monotonic() + timeout_s
         while True:
-            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            if self._more or version != self._seen_version:
-                self._seen_version = version
+            if self._changes.moved() or self._more:
                 records = self._read(max_records)
                 if records:
                     return records

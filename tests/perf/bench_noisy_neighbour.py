@@ -41,10 +41,7 @@ import httpx  # noqa: E402
 from models import topics  # noqa: E402
 from models.events import decode  # noqa: E402
 from models.settings import Settings  # noqa: E402
-from pipelines.bootstrap import topic_specs  # noqa: E402
-from pipelines.eventlog import open_event_log  # noqa: E402
 from tests.perf.results import append_entry  # noqa: E402
-from pipelines.eventlog.namespaced import NamespacedEventLog  # noqa: E402
 from workers.engine import EngineRequest  # noqa: E402
 from workers.engine_runner import EngineRunner  # noqa: E402
 from workers.tiny_model import make_tiny_model  # noqa: E402
@@ -92,17 +89,18 @@ def b_breakdown(log, tenant_id: str, since: datetime) -> dict:
 
 
 def log_opener(kind: str, home: Path):
-    if kind == "embedded":
-        url = f"sqlite:///{home / 'eventlog.db'}"
-        first = open_event_log(url)
-        first.ensure_topics(topic_specs())
-        first.close()
-        return lambda: open_event_log(url)
-    url, namespace = os.environ["LEDGERLM_TEST_KAFKA"], "bench" + uuid.uuid4().hex[:8]
-    first = NamespacedEventLog(open_event_log(url), namespace)
-    first.ensure_topics(topic_specs())
-    first.close()
-    return lambda: NamespacedEventLog(open_event_log(url), namespace)
+    """The embedded log under `home`, or a fresh namespace on the Kafka of LEDGERLM_TEST_KAFKA."""
+    from tests.harness import isolated_log_opener
+
+    return isolated_log_opener(kind, home, kafka_url=os.environ.get("LEDGERLM_TEST_KAFKA", ""), prefix="bench")
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """The pool worker's settings both platform benchmarks vary, at their deployed defaults."""
+    parser.add_argument("--take-ahead", type=int, default=MAX_SEQS,
+                        help="generations the pool worker starts beyond the engine's capacity (as deployed: the capacity)")
+    parser.add_argument("--stream-linger-ms", type=float, default=Settings().stream_linger_ms,
+                        help="how long a generation's later tokens may wait to share a stream event (as deployed)")
 
 
 class Trickle:
@@ -256,10 +254,7 @@ def main() -> None:
     parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--every", type=float, default=0.25, help="seconds between B's requests")
-    parser.add_argument("--take-ahead", type=int, default=MAX_SEQS,
-                        help="generations the pool worker starts beyond the engine's capacity (as deployed: the capacity)")
-    parser.add_argument("--stream-linger-ms", type=float, default=Settings().stream_linger_ms,
-                        help="how long a generation's later tokens may wait to share a stream event (as deployed)")
+    add_worker_options(parser)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     rows = run(args)

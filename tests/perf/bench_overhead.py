@@ -1,7 +1,6 @@
 """Platform overhead: the same prompts on the same engine, straight into vLLM's AsyncLLM
 and through the platform (HTTP → log → admission → worker → log → SSE), on the embedded
-log (as configured by default, and with its consumers polling every 2 ms) and on Kafka,
-in one run.
+log and on Kafka (with `--process-paths`, also as separate processes), in one run.
 
     set -a && . .local/services.env && set +a
     .venv/bin/python tests/perf/bench_overhead.py [--latency-requests 40] [--seconds 15]
@@ -34,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.perf.bench_noisy_neighbour import add_worker_options, log_opener  # noqa: E402
 from tests.perf.results import append_entry  # noqa: E402
 
 SECTION = "## Overhead"
@@ -140,22 +140,6 @@ async def client(base_url: str, key: str, args) -> dict:
         return await drive(one, args.latency_requests, args.concurrency, args.seconds)
 
 
-def log_opener(path: str, home: Path):
-    """`embedded`: the embedded log as `pipelines.bootstrap` opens it (group consumers poll
-    every 20 ms); `embedded-2ms`: the same with a 2 ms poll; `kafka`: LEDGERLM_TEST_KAFKA."""
-    from pipelines.bootstrap import topic_specs
-    from pipelines.eventlog import open_event_log
-    from tests.perf.bench_noisy_neighbour import log_opener as kafka_or_embedded
-
-    if path != "embedded-2ms":
-        return kafka_or_embedded(path, home)
-    url = f"sqlite:///{home / 'eventlog.db'}"
-    first = open_event_log(url)
-    first.ensure_topics(topic_specs())
-    first.close()
-    return lambda: open_event_log(url, poll_interval_s=0.002)
-
-
 class CpuMeter:
     """CPU seconds of this process, its live children (vLLM's engine processes) and its
     finished children (the client process): what the whole run cost the machine."""
@@ -195,7 +179,7 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
     (home / path).mkdir()
     platform = Platform(log_opener(path, home / path), runner,
                         Settings(home=home / path, grace_s=30.0, default_deadline_ms=300_000,
-                                 **({} if args.stream_linger_ms is None else {"stream_linger_ms": args.stream_linger_ms})),
+                                 stream_linger_ms=args.stream_linger_ms),
                         max_in_flight=MAX_SEQS, take_ahead=args.take_ahead)
     try:
         tenant_id, key = platform.tenant()
@@ -225,8 +209,7 @@ def through_processes(path: str, model: Path, home: Path, args) -> dict:
            "LEDGERLM_MODEL_ALIAS": MODEL_ALIAS, "LEDGERLM_MAX_MODEL_LEN": "512", "LEDGERLM_KV_CACHE_GB": "0.25",
            "LEDGERLM_ENGINE_MAX_SEQS": str(MAX_SEQS), "LEDGERLM_WORKER_TAKE_AHEAD": str(args.take_ahead),
            "LEDGERLM_API_PORT": str(free_port()), "LEDGERLM_GRACE_S": "30", "LEDGERLM_DEFAULT_DEADLINE_MS": "300000"}
-    if args.stream_linger_ms is not None:
-        env["LEDGERLM_STREAM_LINGER_MS"] = str(args.stream_linger_ms)
+    env["LEDGERLM_STREAM_LINGER_MS"] = str(args.stream_linger_ms)
     if path == "kafka":
         env["LEDGERLM_EVENT_LOG_URL"] = os.environ["LEDGERLM_TEST_KAFKA"]
         env["LEDGERLM_EVENT_LOG_NAMESPACE"] = f"bench{uuid.uuid4().hex[:8]}"
@@ -375,7 +358,7 @@ def record(rows: dict[str, dict], command: str, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--paths", nargs="*", choices=["embedded", "embedded-2ms", "kafka"],
+    parser.add_argument("--paths", nargs="*", choices=["embedded", "kafka"],
                         default=["embedded", "kafka"])
     parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
                         help="tiny: the engine costs almost nothing per token, so the platform's own cost "
@@ -386,11 +369,8 @@ def main() -> None:
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)
-    parser.add_argument("--take-ahead", type=int, default=MAX_SEQS,
-                        help="generations the pool worker starts beyond the engine's capacity (as deployed: the capacity)")
+    add_worker_options(parser)
     parser.add_argument("--client", nargs=2, metavar=("BASE_URL", "KEY"), help=argparse.SUPPRESS)
-    parser.add_argument("--stream-linger-ms", type=float, default=None,
-                        help="how long a generation's later tokens may wait to share a stream event (as deployed)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     if args.client:
