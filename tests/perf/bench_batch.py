@@ -42,7 +42,6 @@ from models.events_batch import BatchChunkCompleted  # noqa: E402
 from models.settings import Settings  # noqa: E402
 from pipelines import admin  # noqa: E402
 from pipelines.batch_tokens import encode_completion, tokenizer_for  # noqa: E402
-from tests.harness import wait_until  # noqa: E402
 from workers.tiny_model import make_tiny_model  # noqa: E402
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash  # noqa: E402
 

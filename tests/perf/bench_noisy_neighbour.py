@@ -41,7 +41,7 @@ import httpx  # noqa: E402
 from models import topics  # noqa: E402
 from models.events import decode  # noqa: E402
 from models.settings import Settings  # noqa: E402
-from tests.perf.results import append_entry  # noqa: E402
+from tests.perf.results import record_run  # noqa: E402
 from workers.engine import EngineRequest  # noqa: E402
 from workers.engine_runner import EngineRunner  # noqa: E402
 from workers.tiny_model import make_tiny_model  # noqa: E402
@@ -241,12 +241,10 @@ def table(rows: list[dict]) -> str:
 
 
 def record(rows: list[dict], command: str, args) -> None:
-    load = os.getloadavg()[0]
-    entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC ({args.log} log)\n\n`{command}`\n\n"
-             f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}); A keeps {FLOOD} requests of {A_TOKENS} tokens "
-             f"in flight, B sends one of {B_TOKENS} tokens every {args.every * 1000:.0f} ms for {args.seconds:.0f} s; "
-             f"{os.cpu_count()} CPUs, load average {load:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
-    append_entry(SECTION, entry)
+    record_run(SECTION, command,
+               f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}); "
+               f"A keeps {FLOOD} requests of {A_TOKENS} tokens in flight, B sends one of {B_TOKENS} tokens every "
+               f"{args.every * 1000:.0f} ms for {args.seconds:.0f} s", table(rows), heading=f" ({args.log} log)")
 
 
 def main() -> None:

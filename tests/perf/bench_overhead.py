@@ -28,13 +28,12 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.perf.bench_noisy_neighbour import add_worker_options, log_opener  # noqa: E402
-from tests.perf.results import append_entry  # noqa: E402
+from tests.perf.results import record_run  # noqa: E402
 
 SECTION = "## Overhead"
 MAX_SEQS = 8
@@ -347,13 +346,11 @@ def table(rows: dict[str, dict]) -> str:
 
 
 def record(rows: dict[str, dict], command: str, args) -> None:
-    entry = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n\n`{command}`\n\n"
-             f"{args.model.capitalize()} model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}), CPU; "
-             f"{args.latency_requests} sequential "
-             f"requests of {LATENCY_TOKENS} tokens for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token "
-             f"requests for {args.seconds:.0f} s for throughput; {os.cpu_count()} CPUs, load average "
-             f"{os.getloadavg()[0]:.1f} at the end (a shared machine).\n\n{table(rows)}\n")
-    append_entry(SECTION, entry)
+    record_run(SECTION, command,
+               f"{args.model.capitalize()} model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead "
+               f"{args.take_ahead}), CPU; {args.latency_requests} sequential requests of {LATENCY_TOKENS} tokens "
+               f"for latency, {args.concurrency} streams of {SATURATION_TOKENS}-token requests for "
+               f"{args.seconds:.0f} s for throughput", table(rows))
 
 
 def main() -> None:
