@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     max_model_len: int = 512
     kv_cache_gb: float = 1.0
     engine_max_seqs: int = 16
+    # Added to the nice value of vLLM's engine processes (0: unchanged): on a shared host the
+    # platform's own threads then never wait for a CPU behind model compute.
+    engine_nice: int = Field(default=10, ge=0, le=19)
     # Generations a pool worker starts beyond the engine's capacity; they wait inside the
     # engine, so a finished sequence is replaced at the next step (None: the capacity again).
     worker_take_ahead: int | None = None

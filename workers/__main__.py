@@ -40,6 +40,22 @@ def approve(settings: Settings, log, *, alias: str | None = None) -> str:
     return revision
 
 
+def lower_session_priority(nice: int) -> bool:
+    """Where this process leads a session of its own and Linux schedules sessions as groups
+    (autogroup), CPUs are shared between sessions before threads: lowering the engine's
+    threads alone would not let another session's API or admission in sooner. So the
+    group, which holds this worker and its engine processes, is lowered too. True if it
+    was; a process sharing its session with others leaves it alone."""
+    if nice <= 0 or os.getsid(0) != os.getpid():
+        return False
+    try:
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write(str(nice))
+    except OSError:  # no autogroup here (another OS, or cgroups decide): nothing to do
+        return False
+    return True
+
+
 def serve_worker(settings: Settings, pool: str | None = None) -> int:
     from pipelines.bootstrap import open_log
     from workers.engine_runner import EngineRunner
@@ -50,6 +66,7 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     settings = settings.model_copy(update={"model": model_dir(settings)})
+    lower_session_priority(settings.engine_nice)
     log = open_log(settings)
     runner = EngineRunner(VllmEngine.from_settings(settings)).start()
     try:

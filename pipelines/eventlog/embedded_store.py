@@ -40,10 +40,17 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> sqlite3.Connection:
+class LogConnection(sqlite3.Connection):
+    """A connection that remembers how long it may wait for a lock."""
+
+    busy_timeout_ms: int = 5000
+
+
+def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> LogConnection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves, so transactions stay explicit and short.
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           timeout=busy_timeout_ms / 1000)
+                           timeout=busy_timeout_ms / 1000, factory=LogConnection)
+    conn.busy_timeout_ms = int(busy_timeout_ms)
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     conn.execute("PRAGMA journal_mode=WAL")
     # NORMAL in WAL survives a process crash (not a power cut), like an unflushed Kafka broker.
@@ -64,9 +71,36 @@ class DataVersion:
         return moved
 
 
+# Between tries for the write lock: short, since a holder keeps it for well under a millisecond.
+LOCK_RETRY_S = (0.0001, 0.0002, 0.0005, 0.001)
+
+
+def take_write_lock(conn: sqlite3.Connection) -> None:
+    """`BEGIN IMMEDIATE`, retried every fraction of a millisecond until the connection's busy
+    timeout. SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between tries, so
+    with several processes appending steadily a waiter could sleep on long after the lock
+    was free (tens of ms added to a token's way out, seconds at the tail)."""
+    timeout_ms = getattr(conn, "busy_timeout_ms", 5000)
+    deadline = time.monotonic() + timeout_ms / 1000
+    conn.execute("PRAGMA busy_timeout=0")
+    try:
+        tries = 0
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                    raise
+            time.sleep(LOCK_RETRY_S[min(tries, len(LOCK_RETRY_S) - 1)])
+            tries += 1
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={timeout_ms}")
+
+
 @contextmanager
 def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
+    take_write_lock(conn)
     try:
         yield conn
     except BaseException:

@@ -3,6 +3,7 @@ shared by the session (`tests.engine_fixture`); only the shutdown test starts it
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 
@@ -213,3 +214,12 @@ def test_a_crashed_engine_reports_unhealthy_and_close_reaps_everything(tiny_mode
     assert not [p for p in engine_processes() if p.pid not in before]
     with pytest.raises(RuntimeError):
         runner.submit(engine.health())
+
+
+def test_engine_processes_run_below_the_platform(vllm_engine):
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    processes = engine_processes()
+    assert processes
+    for process in processes:
+        for thread in process.threads():
+            assert os.getpriority(os.PRIO_PROCESS, thread.id) >= min(19, mine + vllm_engine.config.cpu_nice)

@@ -3,13 +3,20 @@
     set -a && . .local/services.env && set +a
     .venv/bin/python tests/perf/bench_noisy_neighbour.py --log embedded --seconds 20
 
-One engine (the tiny model, max_num_seqs 8), three phases in one run:
+The platform runs as deployed: `ledgerlm serve api`, `ledgerlm serve admission` and
+`python -m workers serve worker` (an engine of its own), each a process (`--in-process`:
+as threads of this process on the bench's engine, as the tests run it). The clients are a
+process of their own too. Each run has these phases, all with the tiny model and
+max_num_seqs 8:
 
 1. unloaded: B alone through the platform, a trickle of streaming requests;
 2. flood through the platform: A keeps 10x its fair share in flight (fair share = half the
    engine's sequences with two tenants busy, so 40 requests of 32 tokens), B trickles on;
-3. the same flood and trickle sent straight to vLLM AsyncLLM, all at one priority, so the
-   engine serves first come, first served.
+3. B alone straight into vLLM AsyncLLM, and the same flood and trickle straight into it,
+   all at one priority, so the engine serves first come, first served;
+4. the flood and trickle straight into vLLM as an ideal scheduler with no cost of its own
+   would send them: B ahead in vLLM's priority, A on all seats but one. The floor of what
+   any platform in front of this engine could reach.
 
 B's TTFT is measured by the client: from sending the request to its first token. The
 goal is B's p95 under the flood through the platform within 1.5x its unloaded p95. For
@@ -26,10 +33,12 @@ import asyncio
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -84,8 +93,10 @@ def b_breakdown(log, tenant_id: str, since: datetime) -> dict:
     admitted = [(e.payload.queued_at - requested[e.correlation_id]).total_seconds() * 1000
                 for e in _events(log, topics.WORK_NORMAL, tenant_id, since)
                 if e.event_type == "GenerationQueued" and e.correlation_id in requested]
+    engine = [e.payload.timings.ttft_ms for e in _events(log, topics.OUTCOMES, tenant_id, since)
+              if e.event_type == "GenerationCompleted" and e.payload.timings.ttft_ms is not None]
     return {"b_first_token_on_log_p95_ms": percentile(on_log, 0.95), "b_admission_p95_ms": percentile(admitted, 0.95),
-            "b_queued_p95_ms": percentile(queued, 0.95)}
+            "b_queued_p95_ms": percentile(queued, 0.95), "b_engine_ttft_p95_ms": percentile(engine, 0.95)}
 
 
 def log_opener(kind: str, home: Path):
@@ -161,11 +172,17 @@ async def platform_phase(base_url: str, a_key: str, b_key: str, seconds: float, 
         return trickle.ttft_ms, (results[1] if with_flood else 0)
 
 
-async def direct_phase(engine, seconds: float, every_s: float, with_flood: bool):
+async def direct_phase(engine, seconds: float, every_s: float, with_flood: bool, scheduled: bool = False):
+    """Straight into the engine. `scheduled`: what an ideal scheduler with no cost of its own
+    would do, B ahead of A in vLLM's priority and A held to all but one of the engine's
+    sequences (the platform's last-slot rule); otherwise first come, first served."""
+    a_seats = asyncio.Semaphore(MAX_SEQS - 1 if scheduled else FLOOD)
+
     async def generate(tenant: str, prompt: str, tokens: int) -> float | None:
         t0, first = time.monotonic(), None
         request = EngineRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_output_tokens=tokens,
-                                tenant_id=tenant, priority=1, ignore_eos=True)
+                                tenant_id=tenant, priority=0 if scheduled and tenant == "tenant-b" else 1,
+                                ignore_eos=True)
         async for delta in engine.generate(request):
             if first is None and delta.new_tokens:
                 first = (time.monotonic() - t0) * 1000
@@ -177,51 +194,82 @@ async def direct_phase(engine, seconds: float, every_s: float, with_flood: bool)
         trickle.ttft_ms.append(await generate("tenant-b", f"B asks question {i}", B_TOKENS))
 
     async def a_request(i: int) -> None:
-        await generate("tenant-a", f"A floods {i}", A_TOKENS)
+        async with a_seats:
+            await generate("tenant-a", f"A floods {i}", A_TOKENS)
 
     jobs = [trickle.run(b_request, seconds)] + ([flood(a_request, seconds)] if with_flood else [])
     results = await asyncio.gather(*jobs)
     return trickle.ttft_ms, (results[1] if with_flood else 0)
 
 
-def run(args) -> list[dict]:
+def client_phase(base_url: str, a_key: str, b_key: str, seconds: float, every_s: float, with_flood: bool):
+    """One platform phase from a client process of its own, as clients are in production:
+    the load generator's parsing never shares the platform's interpreter lock."""
+    argv = [sys.executable, __file__, "--client", base_url, a_key, b_key, "--seconds", str(seconds),
+            "--every", str(every_s)] + (["--flood"] if with_flood else [])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=seconds + 300)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["ttft_ms"], result["a_done"]
+
+
+@contextmanager
+def platform_under_test(args, runner, model: Path, home: Path):
+    """(base URL, a log handle on the platform's log, tenant factory): in this process on the
+    bench's engine, or (`--processes`) as deployed, the worker with an engine of its own."""
+    if args.processes:
+        from tests.perf.deployed import deployed
+
+        with deployed(args.log, model, home / "deployed", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
+                      stream_linger_ms=args.stream_linger_ms) as platform:
+            yield platform.base_url, platform.log, platform.tenant
+        return
     from tests.harness import Platform
 
+    settings = Settings(home=home, grace_s=30.0, default_deadline_ms=300_000, stream_linger_ms=args.stream_linger_ms)
+    platform = Platform(log_opener(args.log, home), runner, settings, max_in_flight=MAX_SEQS,
+                        take_ahead=args.take_ahead)
+    try:
+        yield platform.base_url, platform.admin_log, platform.tenant
+        platform.check()
+    finally:
+        platform.close()
+
+
+def run(args) -> list[dict]:
     rows = []
+    where = f"{args.log}{', as processes' if args.processes else ', in one process'}"
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         model = make_tiny_model(home / "tiny", seed=0)
         runner = EngineRunner(VllmEngine(VllmEngineConfig(model=model, max_model_len=512, max_num_seqs=MAX_SEQS,
                                                           kv_cache_gb=0.25)), name="bench-engine").start()
-        settings = Settings(home=home, grace_s=30.0, default_deadline_ms=300_000,
-                            stream_linger_ms=args.stream_linger_ms)
-        platform = Platform(log_opener(args.log, home), runner, settings,
-                            max_in_flight=MAX_SEQS, take_ahead=args.take_ahead)
         try:
-            (_, a_key), (b_id, b_key) = platform.tenant(), platform.tenant()
-            asyncio.run(platform_phase(platform.base_url, a_key, b_key, 3, 0.25, True))  # warm-up
-            phases = [
-                (f"B alone, through the platform ({args.log})",
-                 lambda: asyncio.run(platform_phase(platform.base_url, a_key, b_key, args.seconds, args.every, False))),
-                (f"A flood + B, through the platform ({args.log})",
-                 lambda: asyncio.run(platform_phase(platform.base_url, a_key, b_key, args.seconds, args.every, True))),
-                ("B alone, straight to vLLM",
-                 lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, False))),
-                ("A flood + B, straight to vLLM (FCFS)",
-                 lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True))),
-            ]
-            for name, phase in phases:
-                since = datetime.now(timezone.utc)
-                ttft, a_done = phase()
-                ttft = [t for t in ttft if t == t]
-                rows.append({"phase": name, "b_requests": len(ttft), "b_ttft_p50_ms": percentile(ttft, 0.5),
-                             "b_ttft_p95_ms": percentile(ttft, 0.95), "a_completed_per_s": a_done / args.seconds})
-                if "platform" in name:
-                    rows[-1].update(b_breakdown(platform.admin_log, b_id, since))
-                print(json.dumps(rows[-1]), flush=True)
-            platform.check()
+            with platform_under_test(args, runner, model, home) as (base_url, log, new_tenant):
+                (_, a_key), (b_id, b_key) = new_tenant(), new_tenant()
+                client_phase(base_url, a_key, b_key, 3, 0.25, True)  # warm-up
+                phases = [
+                    (f"B alone, through the platform ({where})",
+                     lambda: client_phase(base_url, a_key, b_key, args.seconds, args.every, False)),
+                    (f"A flood + B, through the platform ({where})",
+                     lambda: client_phase(base_url, a_key, b_key, args.seconds, args.every, True)),
+                    ("B alone, straight to vLLM",
+                     lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, False))),
+                    ("A flood + B, straight to vLLM (FCFS)",
+                     lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True))),
+                    ("A flood + B, straight to vLLM, ideally scheduled (B first, A on all seats but one)",
+                     lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True,
+                                                        scheduled=True))),
+                ]
+                for name, phase in phases:
+                    since = datetime.now(timezone.utc)
+                    ttft, a_done = phase()
+                    ttft = [t for t in ttft if t == t]
+                    rows.append({"phase": name, "b_requests": len(ttft), "b_ttft_p50_ms": percentile(ttft, 0.5),
+                                 "b_ttft_p95_ms": percentile(ttft, 0.95), "a_completed_per_s": a_done / args.seconds})
+                    if "platform" in name:
+                        rows[-1].update(b_breakdown(log, b_id, since))
+                    print(json.dumps(rows[-1]), flush=True)
         finally:
-            platform.close()
             runner.close()
     return rows
 
@@ -229,11 +277,12 @@ def run(args) -> list[dict]:
 def table(rows: list[dict]) -> str:
     base = rows[0]["b_ttft_p95_ms"]
     lines = ["| phase | B requests | B TTFT p50 (ms) | B TTFT p95 (ms) | p95 / unloaded | B first token on the log "
-             "p95 (ms) | B admission p95 (ms) | B queued for a worker p95 (ms) | A completed/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "p95 (ms) | B admission p95 (ms) | B queued for a worker p95 (ms) | B engine TTFT p95 (ms) | A completed/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         inside = (f"{row['b_first_token_on_log_p95_ms']:.0f} | {row['b_admission_p95_ms']:.0f} | "
-                  f"{row['b_queued_p95_ms']:.0f}" if "b_queued_p95_ms" in row else "- | - | -")
+                  f"{row['b_queued_p95_ms']:.0f} | {row['b_engine_ttft_p95_ms']:.0f}" if "b_queued_p95_ms" in row
+                  else "- | - | - | -")
         lines.append(f"| {row['phase']} | {row['b_requests']} | {row['b_ttft_p50_ms']:.0f} | "
                      f"{row['b_ttft_p95_ms']:.0f} | {row['b_ttft_p95_ms'] / base:.2f}x | {inside} | "
                      f"{row['a_completed_per_s']:.1f} |")
@@ -244,17 +293,27 @@ def record(rows: list[dict], command: str, args) -> None:
     record_run(SECTION, command,
                f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}); "
                f"A keeps {FLOOD} requests of {A_TOKENS} tokens in flight, B sends one of {B_TOKENS} tokens every "
-               f"{args.every * 1000:.0f} ms for {args.seconds:.0f} s", table(rows), heading=f" ({args.log} log)")
+               f"{args.every * 1000:.0f} ms for {args.seconds:.0f} s", table(rows), heading=f" ({args.log} log{', as processes' if args.processes else ', in one process'})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--in-process", dest="processes", action="store_false",
+                        help="run the platform's parts as threads of this process on the bench's engine, as the "
+                             "tests do, instead of as deployed (API, admission and a worker with its own engine, "
+                             "each a process)")
     parser.add_argument("--every", type=float, default=0.25, help="seconds between B's requests")
     add_worker_options(parser)
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--client", nargs=3, metavar=("BASE_URL", "A_KEY", "B_KEY"), help=argparse.SUPPRESS)
+    parser.add_argument("--flood", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.client:
+        ttft, a_done = asyncio.run(platform_phase(*args.client, args.seconds, args.every, args.flood))
+        print(json.dumps({"ttft_ms": ttft, "a_done": a_done}))
+        return
     rows = run(args)
     print(table(rows))
     if not args.no_record:

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -193,72 +191,18 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
 
 
 def through_processes(path: str, model: Path, home: Path, args) -> dict:
-    """The platform as deployed: `ledgerlm serve admission`, `python -m workers serve worker`
-    (with an engine of its own, configured as the direct one) and `ledgerlm serve api`, each
-    its own process, so no two components share an interpreter lock."""
-    from api.demo import _wait_http
-    from models.settings import Settings
-    from pipelines import admin
-    from pipelines.bootstrap import open_log
-    from tests.harness import MODEL_ALIAS, free_port
+    """The platform as deployed (`tests/perf/deployed.py`), its worker with an engine of its
+    own, configured as the direct one."""
+    from tests.perf.deployed import deployed
 
-    run_home = home / f"{path}-processes"
-    run_home.mkdir()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LEDGERLM_HOME": str(run_home), "LEDGERLM_MODEL": str(model),
-           "LEDGERLM_MODEL_ALIAS": MODEL_ALIAS, "LEDGERLM_MAX_MODEL_LEN": "512", "LEDGERLM_KV_CACHE_GB": "0.25",
-           "LEDGERLM_ENGINE_MAX_SEQS": str(MAX_SEQS), "LEDGERLM_WORKER_TAKE_AHEAD": str(args.take_ahead),
-           "LEDGERLM_API_PORT": str(free_port()), "LEDGERLM_GRACE_S": "30", "LEDGERLM_DEFAULT_DEADLINE_MS": "300000"}
-    env["LEDGERLM_STREAM_LINGER_MS"] = str(args.stream_linger_ms)
-    if path == "kafka":
-        env["LEDGERLM_EVENT_LOG_URL"] = os.environ["LEDGERLM_TEST_KAFKA"]
-        env["LEDGERLM_EVENT_LOG_NAMESPACE"] = f"bench{uuid.uuid4().hex[:8]}"
-    else:
-        env.pop("LEDGERLM_EVENT_LOG_URL", None)
-        env.pop("LEDGERLM_EVENT_LOG_NAMESPACE", None)
-    settings = Settings(**{k[len("LEDGERLM_"):].lower(): v for k, v in env.items()
-                           if k.startswith("LEDGERLM_") and not k.startswith("LEDGERLM_TEST_")})
-    py = sys.executable
-    subprocess.run([py, "-m", "workers", "model", "approve"], env=env, check=True, timeout=600,
-                   capture_output=True)
-    children: list[subprocess.Popen] = []
-    log = open_log(settings)
-    try:
-        view = admin.RegistryView(log)
-        tenant_id = "t" + uuid.uuid4().hex[:10]
-        admin.create_tenant(view, tenant_id=tenant_id, name=tenant_id, actor="bench")
-        key, _ = admin.issue_key(view, tenant_id=tenant_id, actor="bench")
-        for name, argv in [("admission", [py, "-m", "api.cli", "serve", "admission"]),
-                           ("worker", [py, "-m", "workers", "serve", "worker"]),
-                           ("api", [py, "-m", "api.cli", "serve", "api"])]:
-            out = (run_home / f"{name}.log").open("w")
-            children.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True))
-        deadline = time.monotonic() + 300
-        while '"ready": true' not in (run_home / "worker.log").read_text():
-            if time.monotonic() > deadline or any(c.poll() is not None for c in children):
-                raise RuntimeError("the worker did not start:\n" + (run_home / "worker.log").read_text()[-3000:])
-            time.sleep(0.5)
-        base = f"http://127.0.0.1:{env['LEDGERLM_API_PORT']}"
-        _wait_http(base + "/healthz", 60)
+    with deployed(path, model, home / f"{path}-processes", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
+                  stream_linger_ms=args.stream_linger_ms) as platform:
+        tenant_id, key = platform.tenant()
         with CpuMeter() as meter:
-            out = subprocess.run([sys.executable, __file__, "--client", base, key, *client_args(args)],
+            out = subprocess.run([sys.executable, __file__, "--client", platform.base_url, key, *client_args(args)],
                                  capture_output=True, text=True, check=True, timeout=900)
         row = with_cpu(json.loads(out.stdout.strip().splitlines()[-1]), meter)
-        for child in children:
-            if child.poll() is not None:
-                raise RuntimeError(f"{child.args} exited with {child.returncode}")
-        return {**row, **breakdown(log, tenant_id, row["latency_end"])}
-    finally:
-        for child in children:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait(timeout=10)
-        log.close()
+        return {**row, **breakdown(platform.log, tenant_id, row["latency_end"])}
 
 
 def breakdown(log, tenant_id: str, until: float) -> dict:

@@ -1,0 +1,91 @@
+"""The platform as deployed, for benchmarks: `ledgerlm serve admission`, `python -m workers
+serve worker` (with an engine of its own) and `ledgerlm serve api`, each its own process,
+so no two components share an interpreter lock."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+PROCESSES = {"admission": ["-m", "api.cli", "serve", "admission"], "worker": ["-m", "workers", "serve", "worker"],
+             "api": ["-m", "api.cli", "serve", "api"]}
+
+
+@dataclass
+class Deployed:
+    base_url: str
+    log: object  # an EventLog handle of the bench's own on the platform's log
+    view: object  # the registry, for tenants and keys
+
+    def tenant(self) -> tuple[str, str]:
+        """A new tenant and a key of it: (tenant_id, secret)."""
+        from pipelines import admin
+
+        tenant_id = "t" + uuid.uuid4().hex[:10]
+        admin.create_tenant(self.view, tenant_id=tenant_id, name=tenant_id, actor="bench")
+        key, _ = admin.issue_key(self.view, tenant_id=tenant_id, actor="bench")
+        return tenant_id, key
+
+
+@contextmanager
+def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: int, stream_linger_ms: float):
+    """Starts the three processes on the embedded log under `home` or on a fresh namespace of
+    the Kafka at LEDGERLM_TEST_KAFKA (`path`), waits until they serve, yields a `Deployed`,
+    and stops them (any that exited early is an error)."""
+    from api.demo import _wait_http
+    from models.settings import Settings
+    from pipelines import admin
+    from pipelines.bootstrap import open_log
+    from tests.harness import MODEL_ALIAS, free_port
+
+    home.mkdir(parents=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LEDGERLM_HOME": str(home), "LEDGERLM_MODEL": str(model),
+           "LEDGERLM_MODEL_ALIAS": MODEL_ALIAS, "LEDGERLM_MAX_MODEL_LEN": "512", "LEDGERLM_KV_CACHE_GB": "0.25",
+           "LEDGERLM_ENGINE_MAX_SEQS": str(max_seqs), "LEDGERLM_WORKER_TAKE_AHEAD": str(take_ahead),
+           "LEDGERLM_API_PORT": str(free_port()), "LEDGERLM_GRACE_S": "30", "LEDGERLM_DEFAULT_DEADLINE_MS": "300000",
+           "LEDGERLM_STREAM_LINGER_MS": str(stream_linger_ms)}
+    if path == "kafka":
+        env["LEDGERLM_EVENT_LOG_URL"] = os.environ["LEDGERLM_TEST_KAFKA"]
+        env["LEDGERLM_EVENT_LOG_NAMESPACE"] = f"bench{uuid.uuid4().hex[:8]}"
+    else:
+        env.pop("LEDGERLM_EVENT_LOG_URL", None)
+        env.pop("LEDGERLM_EVENT_LOG_NAMESPACE", None)
+    settings = Settings(**{k[len("LEDGERLM_"):].lower(): v for k, v in env.items()
+                           if k.startswith("LEDGERLM_") and not k.startswith("LEDGERLM_TEST_")})
+    subprocess.run([sys.executable, "-m", "workers", "model", "approve"], env=env, check=True, timeout=600,
+                   capture_output=True)
+    children: list[subprocess.Popen] = []
+    log = open_log(settings)
+    try:
+        for name, argv in PROCESSES.items():
+            out = (home / f"{name}.log").open("w")
+            children.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True))
+        deadline = time.monotonic() + 300
+        while '"ready": true' not in (home / "worker.log").read_text():
+            if time.monotonic() > deadline or any(c.poll() is not None for c in children):
+                raise RuntimeError("the worker did not start:\n" + (home / "worker.log").read_text()[-3000:])
+            time.sleep(0.5)
+        base = f"http://127.0.0.1:{env['LEDGERLM_API_PORT']}"
+        _wait_http(base + "/healthz", 60)
+        yield Deployed(base, log, admin.RegistryView(log))
+        for child in children:
+            if child.poll() is not None:
+                raise RuntimeError(f"{child.args} exited with {child.returncode}")
+    finally:
+        for child in children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait(timeout=10)
+        log.close()
