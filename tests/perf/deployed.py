@@ -62,6 +62,9 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
                    capture_output=True)
     children: list[subprocess.Popen] = []
     log = open_log(settings)
+    # The processes lead sessions of their own, so a signal to the bench would not reach
+    # them: a SIGTERM ends the bench through the `finally` below, which stops them.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         for name, argv in PROCESSES.items():
             out = (home / f"{name}.log").open("w")
@@ -89,3 +92,8 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait(timeout=10)
         log.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
