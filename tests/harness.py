@@ -131,10 +131,13 @@ class Platform:
         return loop
 
     def start_worker(self, *, max_in_flight: int = 8, take_ahead: int | None = 0, pool: str | None = None,
-                     log: EventLog | None = None, close: Callable[[], object] | None = None) -> Loop:
+                     log: EventLog | None = None, close: Callable[[], object] | None = None,
+                     engine=None) -> Loop:
         """A pool worker on the shared engine (`pool` None: the shared pool, which `self.worker`
-        names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would."""
-        worker = InteractiveWorker(log or self._log(), self.runner, self.runner.engine, max_in_flight=max_in_flight,
+        names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would;
+        `engine` wraps the shared one (it must run on the shared engine's loop)."""
+        worker = InteractiveWorker(log or self._log(), self.runner, engine or self.runner.engine,
+                                   max_in_flight=max_in_flight,
                                    take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool,
                                    cancel_log=self._log(), stream_linger_s=self.settings.stream_linger_ms / 1000)
         if pool is None:

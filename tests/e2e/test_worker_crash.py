@@ -3,10 +3,12 @@ reservation settles exactly once, work it had queued but not started goes to the
 worker, and a restarted worker serves new work."""
 from __future__ import annotations
 
+import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 
 from models import topics
 from models.events import decode, new_event
@@ -26,6 +28,23 @@ class SeverableLog:
     def __getattr__(self, name):
         if self.severed and name in ("append", "read", "end_offset", "tail", "consumer"):
             raise EventLogError("this worker is gone")
+        return getattr(self._inner, name)
+
+
+class PacedEngine:
+    """The shared engine, handing out each delta `pause_s` after the one before: a long
+    generation then outlasts the test's set-up however fast the engine is."""
+
+    def __init__(self, inner, pause_s: float):
+        self._inner, self._pause_s = inner, pause_s
+
+    async def generate(self, request):
+        async with aclosing(self._inner.generate(request)) as deltas:
+            async for delta in deltas:
+                yield delta
+                await asyncio.sleep(self._pause_s)
+
+    def __getattr__(self, name):
         return getattr(self._inner, name)
 
 
@@ -52,7 +71,9 @@ def test_a_worker_killed_mid_stream_ends_the_request_and_settles_once(platform):
     admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
     worker_log = SeverableLog(platform.open_log())
     platform.logs.append(worker_log._inner)
-    doomed = platform.start_worker(pool=pool, max_in_flight=1, log=worker_log, close=lambda: None)
+    # Paced: 400 tokens take 20 s, past the deadline, so the crash always comes mid-stream.
+    doomed = platform.start_worker(pool=pool, max_in_flight=1, log=worker_log, close=lambda: None,
+                                   engine=PacedEngine(platform.runner.engine, 0.05))
 
     deadline_ms = 8000
     long = {"model_alias": MODEL_ALIAS, "input": "tell a long story", "max_output_tokens": 400, "ignore_eos": True,
