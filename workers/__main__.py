@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from models.settings import Settings
@@ -48,12 +49,16 @@ def lower_session_priority(nice: int) -> bool:
     was; a process sharing its session with others leaves it alone."""
     if nice <= 0 or os.getsid(0) != os.getpid():
         return False
-    try:
-        with open("/proc/self/autogroup", "w") as autogroup:
-            autogroup.write(str(nice))
-    except OSError:  # no autogroup here (another OS, or cgroups decide): nothing to do
-        return False
-    return True
+    for _ in range(5):
+        try:
+            with open("/proc/self/autogroup", "w") as autogroup:
+                autogroup.write(str(nice))
+            return True
+        except BlockingIOError:  # without CAP_SYS_ADMIN, one change per 100 ms on the whole host
+            time.sleep(0.11)
+        except OSError:  # no autogroup here (another OS, or cgroups decide): nothing to do
+            return False
+    return False
 
 
 def serve_worker(settings: Settings, pool: str | None = None) -> int:
