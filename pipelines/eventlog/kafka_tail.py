@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from kafka import KafkaConsumer, TopicPartition as KafkaTP
+from kafka import KafkaConsumer
 
 from pipelines.eventlog.base import Record, Tail
 from pipelines.eventlog.kafka_groups import to_record
