@@ -49,6 +49,15 @@ def isolated_log_opener(kind: str, home: Path, *, kafka_url: str = "", prefix: s
     return open_fresh
 
 
+def new_tenant(view: RegistryView, *, scopes: tuple[str, ...] = ("generate", "batch", "usage"),
+               application: str = "default", actor: str = "tests") -> tuple[str, str]:
+    """A new tenant and an API key for it, written through `view`: (tenant_id, secret)."""
+    tenant_id = "t" + uuid.uuid4().hex[:10]
+    admin.create_tenant(view, tenant_id=tenant_id, name=tenant_id, actor=actor)
+    secret, _ = admin.issue_key(view, tenant_id=tenant_id, actor=actor, scopes=scopes, application_id=application)
+    return tenant_id, secret
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -180,11 +189,7 @@ class Platform:
 
     def tenant(self, *, scopes: tuple[str, ...] = ("generate", "batch", "usage"), application: str = "default"):
         """A new tenant and an API key for it: (tenant_id, secret)."""
-        tenant_id = "t" + uuid.uuid4().hex[:10]
-        admin.create_tenant(self.view, tenant_id=tenant_id, name=tenant_id, actor="tests")
-        secret, _ = admin.issue_key(self.view, tenant_id=tenant_id, actor="tests", scopes=scopes,
-                                    application_id=application)
-        return tenant_id, secret
+        return new_tenant(self.view, scopes=scopes, application=application)
 
     def client(self, secret: str | None = None, timeout_s: float = 120.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {secret}"} if secret else {}

@@ -41,9 +41,9 @@ def now_ms() -> int:
 
 
 class LogConnection(sqlite3.Connection):
-    """A connection that remembers how long it may wait for a lock."""
+    """A connection that remembers how long it may wait for a lock (set by `connect`)."""
 
-    busy_timeout_ms: int = 5000
+    busy_timeout_ms: int
 
 
 def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> LogConnection:
@@ -75,13 +75,13 @@ class DataVersion:
 LOCK_RETRY_S = (0.0001, 0.0002, 0.0005, 0.001)
 
 
-def take_write_lock(conn: sqlite3.Connection) -> None:
+def take_write_lock(conn: LogConnection) -> None:
     """`BEGIN IMMEDIATE`, retried every fraction of a millisecond until the connection's busy
     timeout. SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between tries, so
     with several processes appending steadily a waiter slept on after the lock was free:
     with three appending processes, p99 of an append was 1.1 ms that way and 0.25-0.33 ms
     this way (`tests/perf/bench_write_lock.py`)."""
-    timeout_ms = getattr(conn, "busy_timeout_ms", 5000)
+    timeout_ms = conn.busy_timeout_ms
     deadline = time.monotonic() + timeout_ms / 1000
     conn.execute("PRAGMA busy_timeout=0")
     try:
@@ -100,7 +100,7 @@ def take_write_lock(conn: sqlite3.Connection) -> None:
 
 
 @contextmanager
-def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def write_txn(conn: LogConnection) -> Iterator[LogConnection]:
     take_write_lock(conn)
     try:
         yield conn
@@ -110,7 +110,7 @@ def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
-def create_schema(conn: sqlite3.Connection) -> None:
+def create_schema(conn: LogConnection) -> None:
     with write_txn(conn):
         for statement in SCHEMA.split(";"):
             if statement.strip():

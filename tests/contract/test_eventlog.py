@@ -359,6 +359,34 @@ class TestEmbeddedEventLog(EventLogContract):
         new.commit_with(derive(outputs, self.poll_until(new, 1, "the record, by the new instance")))
         assert values(self.read_all(log, outputs)) == [b"out:1"]
 
+    def test_a_writer_waiting_for_the_lock_gets_it_once_free_and_gives_up_at_its_busy_timeout(self):
+        from pipelines.eventlog.embedded_store import connect, take_write_lock
+
+        log = self.opened()
+        topic = self.topic(log, 1)
+        holder = connect(str(self.path), busy_timeout_ms=5000, synchronous="NORMAL")
+        waiter = connect(str(self.path), busy_timeout_ms=300, synchronous="NORMAL")
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                take_write_lock(waiter)  # held for longer than the waiter may wait
+            assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == 300  # its own timeout is back
+            waiter.busy_timeout_ms = 5000
+            got: list[object] = []
+            thread = threading.Thread(target=lambda: (take_write_lock(waiter), got.append(True)))
+            thread.start()
+            self.wait_for(lambda: thread.is_alive(), timeout_s=5, what="the waiter to start")
+            assert not got  # still waiting while the lock is held
+            holder.execute("COMMIT")
+            thread.join(10)
+            assert got == [True]
+            waiter.execute("ROLLBACK")
+            log.append(topic, [Message("k", b"after")])  # nobody was left holding it
+            assert values(log.read(topic, 0, 0)) == [b"after"]
+        finally:
+            holder.close()
+            waiter.close()
+
 
 class TestKafkaEventLog(EventLogContract):
     @pytest.fixture(autouse=True)
@@ -393,31 +421,3 @@ def test_open_event_log_picks_the_adapter_by_url(tmp_path):
     for bad in ("postgresql://x/y", "kafka://", "sqlite://", "eventlog.db"):
         with pytest.raises(ValueError, match="event log URL"):
             open_event_log(bad)
-
-    def test_a_writer_waiting_for_the_lock_gets_it_once_free_and_gives_up_at_its_busy_timeout(self):
-        from pipelines.eventlog.embedded_store import connect, take_write_lock
-
-        log = self.opened()
-        topic = self.topic(log, 1)
-        holder = connect(str(self.path), busy_timeout_ms=5000, synchronous="NORMAL")
-        waiter = connect(str(self.path), busy_timeout_ms=300, synchronous="NORMAL")
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            with pytest.raises(sqlite3.OperationalError, match="locked"):
-                take_write_lock(waiter)  # held for longer than the waiter may wait
-            assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == 300  # its own timeout is back
-            waiter.busy_timeout_ms = 5000
-            got: list[object] = []
-            thread = threading.Thread(target=lambda: (take_write_lock(waiter), got.append(True)))
-            thread.start()
-            self.wait_for(lambda: thread.is_alive(), timeout_s=5, what="the waiter to start")
-            assert not got  # still waiting while the lock is held
-            holder.execute("COMMIT")
-            thread.join(10)
-            assert got == [True]
-            waiter.execute("ROLLBACK")
-            log.append(topic, [Message("k", b"after")])  # nobody was left holding it
-            assert values(log.read(topic, 0, 0)) == [b"after"]
-        finally:
-            holder.close()
-            waiter.close()

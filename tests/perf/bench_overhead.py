@@ -179,13 +179,9 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
                                  stream_linger_ms=args.stream_linger_ms),
                         max_in_flight=MAX_SEQS, take_ahead=args.take_ahead)
     try:
-        tenant_id, key = platform.tenant()
-        with CpuMeter() as meter:
-            out = subprocess.run([sys.executable, __file__, "--client", platform.base_url, key, *client_args(args)],
-                                 capture_output=True, text=True, check=True, timeout=900)
+        row = measured_client(platform.base_url, *platform.tenant(), platform.admin_log, args)
         platform.check()
-        row = with_cpu(json.loads(out.stdout.strip().splitlines()[-1]), meter)
-        return {**row, **breakdown(platform.admin_log, tenant_id, row["latency_end"])}
+        return row
     finally:
         platform.close()
 
@@ -197,12 +193,17 @@ def through_processes(path: str, model: Path, home: Path, args) -> dict:
 
     with deployed(path, model, home / f"{path}-processes", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
                   stream_linger_ms=args.stream_linger_ms) as platform:
-        tenant_id, key = platform.tenant()
-        with CpuMeter() as meter:
-            out = subprocess.run([sys.executable, __file__, "--client", platform.base_url, key, *client_args(args)],
-                                 capture_output=True, text=True, check=True, timeout=900)
-        row = with_cpu(json.loads(out.stdout.strip().splitlines()[-1]), meter)
-        return {**row, **breakdown(platform.log, tenant_id, row["latency_end"])}
+        return measured_client(platform.base_url, *platform.tenant(), platform.log, args)
+
+
+def measured_client(base_url: str, tenant_id: str, key: str, log, args) -> dict:
+    """The client process's run against `base_url` as the tenant, with the CPU the whole run
+    cost and where its sequential requests' time went on `log`."""
+    with CpuMeter() as meter:
+        out = subprocess.run([sys.executable, __file__, "--client", base_url, key, *client_args(args)],
+                             capture_output=True, text=True, check=True, timeout=900)
+    row = with_cpu(json.loads(out.stdout.strip().splitlines()[-1]), meter)
+    return {**row, **breakdown(log, tenant_id, row["latency_end"])}
 
 
 def breakdown(log, tenant_id: str, until: float) -> dict:

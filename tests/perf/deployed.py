@@ -25,12 +25,9 @@ class Deployed:
 
     def tenant(self) -> tuple[str, str]:
         """A new tenant and a key of it: (tenant_id, secret)."""
-        from pipelines import admin
+        from tests.harness import new_tenant
 
-        tenant_id = "t" + uuid.uuid4().hex[:10]
-        admin.create_tenant(self.view, tenant_id=tenant_id, name=tenant_id, actor="bench")
-        key, _ = admin.issue_key(self.view, tenant_id=tenant_id, actor="bench")
-        return tenant_id, key
+        return new_tenant(self.view, actor="bench")
 
 
 @contextmanager

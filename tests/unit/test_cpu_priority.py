@@ -2,15 +2,19 @@
 added nice value, and a worker leading its own session lowers its scheduling group."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
 
 from workers.vllm_engine import lower_cpu_priority
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BUSY_CHILD = textwrap.dedent("""
     import threading, time
@@ -65,11 +69,9 @@ SESSION_PROBE = textwrap.dedent("""
 
 
 def probe(nice: int, *, own_session: bool) -> dict:
-    import json
-
     out = subprocess.run([sys.executable, "-c", SESSION_PROBE, str(nice)], capture_output=True, text=True,
                          timeout=60, check=True, start_new_session=own_session,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                         cwd=ROOT)
     return json.loads(out.stdout)
 
 
