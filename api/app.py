@@ -27,17 +27,23 @@ def build_services(settings: Settings) -> Services:
                     hub=StreamHub(log))
 
 
+def _warm_tokenizers(services: Services) -> None:
+    registry = services.registry_view.refresh()
+    services.counter.warm(revision.model_path for revision in registry.revisions.values())
+
+
 def create_app(services: Services) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         services.hub.start()
-        warming = asyncio.get_running_loop().run_in_executor(None, services.index.warm)
+        loop = asyncio.get_running_loop()
+        warming = [loop.run_in_executor(None, services.index.warm), loop.run_in_executor(None, _warm_tokenizers, services)]
         try:
             yield
         finally:
             await services.reaper.aclose()
             services.hub.stop()
-            await asyncio.gather(warming, return_exceptions=True)
+            await asyncio.gather(*warming, return_exceptions=True)
             services.close_readers()
 
     app = FastAPI(title="ledgerlm", lifespan=lifespan)

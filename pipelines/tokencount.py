@@ -1,8 +1,12 @@
 """Counts prompt tokens with the pinned revision's own tokenizer, as the engine will."""
 from __future__ import annotations
 
+import logging
 import threading
 from functools import lru_cache
+from typing import Iterable
+
+logger = logging.getLogger(__name__)
 
 
 class TokenCounter:
@@ -15,6 +19,21 @@ class TokenCounter:
         from transformers import AutoTokenizer  # heavy import, only where counting happens
 
         return AutoTokenizer.from_pretrained(model_path)
+
+    def warm(self, model_paths: Iterable[str]) -> int:
+        """Loads these tokenizers now (an API does so in the background as it starts): the
+        first load imports transformers and torch, seconds of CPU a first request would
+        otherwise wait for. Returns how many loaded; a path that fails is left to the first
+        request that needs it, which reports the error."""
+        loaded = 0
+        for path in dict.fromkeys(model_paths):
+            try:
+                with self._lock:
+                    self._tokenizer(path)
+                loaded += 1
+            except Exception as exc:  # noqa: BLE001 - a revision whose files are gone must not stop the API
+                logger.warning("tokenizer of %s not loaded at start: %s", path, exc)
+        return loaded
 
     def count(self, model_path: str, text: str) -> int:
         with self._lock:  # HF fast tokenizers are not safe to share across threads mid-call

@@ -1,0 +1,66 @@
+"""The API's token counter loads tokenizers ahead of the first request that needs them."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.deps import Services
+from api.stream_hub import StreamHub
+from models.settings import Settings
+from pipelines import admin
+from pipelines.admin import RegistryView
+from pipelines.bootstrap import open_log
+from pipelines.tokencount import TokenCounter
+from workers.tiny_model import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(make_tiny_model(tmp_path_factory.mktemp("tok") / "tiny", seed=0))
+
+
+def test_warm_loads_each_tokenizer_once_and_counting_then_loads_nothing(tiny, tmp_path):
+    counter = TokenCounter()
+    before = TokenCounter._tokenizer.cache_info()
+    assert counter.warm([tiny, tiny, str(tmp_path / "no-such-model")]) == 1, "the missing one is reported, not raised"
+    after = TokenCounter._tokenizer.cache_info()
+    assert after.misses - before.misses == 2  # the tiny model and the missing path, each tried once
+    assert counter.count(tiny, "hello there") > 0
+    assert TokenCounter._tokenizer.cache_info().misses == after.misses, "counting after warming loaded again"
+    with pytest.raises(OSError):  # the request that needs the missing one gets the error
+        counter.count(str(tmp_path / "no-such-model"), "hi")
+
+
+class RecordingCounter(TokenCounter):
+    def __init__(self):
+        super().__init__()
+        self.warmed: list[str] = []
+        self.done = threading.Event()
+
+    def warm(self, model_paths) -> int:
+        self.warmed = list(model_paths)
+        self.done.set()
+        return len(self.warmed)
+
+
+def test_the_api_warms_every_approved_revision_as_it_starts(tmp_path):
+    settings = Settings(home=tmp_path, event_log_url=f"sqlite:///{tmp_path / 'log.db'}")
+    log = open_log(settings)
+    try:
+        view = RegistryView(log)
+        for name in ("a", "b"):
+            admin.approve_model(view, alias=name, model_revision=f"{name}@1", model_path=f"/models/{name}",
+                                engine_config_hash="h", max_model_len=512, actor="t",
+                                price_input_per_1k_micros=0, price_output_per_1k_micros=0)
+        counter = RecordingCounter()
+        app = create_app(Services(settings=settings, log=log, registry_view=RegistryView(log),
+                                  counter=counter, hub=StreamHub(log, idle_wait_s=0.02)))
+        with TestClient(app) as client:
+            assert client.get("/healthz").status_code == 200
+            assert counter.done.wait(10), "the API did not warm its tokenizers"
+        assert sorted(counter.warmed) == ["/models/a", "/models/b"]
+    finally:
+        log.close()
