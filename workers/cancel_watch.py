@@ -75,6 +75,13 @@ class CancelWatch:
         new, self._new = self._new, set()
         return any(request_id in queued for request_id in list(new))
 
+    def untaken(self, request_id: str) -> None:
+        """Aborts work that began while its take was committing, when that commit failed:
+        it ends without a word on the log, and whoever owns the work next runs it."""
+        if request_id in self.in_flight:
+            self.in_flight[request_id] = "untaken"
+            self._runner.submit_nowait(self._engine.abort(request_id))
+
     def expire(self, request_id: str) -> None:
         """Aborts running work whose deadline has come."""
         if request_id in self.in_flight and not self.in_flight[request_id]:

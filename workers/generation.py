@@ -37,10 +37,16 @@ def fetch_prompt(log: EventLog, ref) -> str:
 
 
 async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelope, started_env: Envelope,
-                           writer: StreamWriter, prompt: Future, *, priority: int | None = None) -> int:
+                           writer: StreamWriter, prompt: Future, *, priority: int | None = None,
+                           taken: Future | None = None) -> int:
     """Returns 1 once a terminal event is written. `prompt` is the prompt's fetch, already
     under way (`fetch_prompt`); `writer` writes the token and terminal events. `priority`
-    overrides the one the request's class gives vLLM (lower runs sooner)."""
+    overrides the one the request's class gives vLLM (lower runs sooner).
+
+    `taken`, when given, is the commit of the take (`GenerationStarted`) still under way:
+    the engine starts at once, but nothing is written until it resolves True. When it
+    resolves False the take did not happen: the generation is abandoned (the caller aborts
+    it) and returns 0 having written nothing."""
     loop = asyncio.get_running_loop()
     item: GenerationQueued = queued_env.payload
     req = item.request
@@ -55,6 +61,14 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
                        duration_ms=int((time.monotonic() - t0) * 1000))
 
     terminal = None
+    committed = taken is None
+
+    async def may_write() -> bool:
+        nonlocal committed
+        if not committed:
+            committed = await asyncio.wrap_future(taken)
+        return committed
+
     try:
         if req.deadline_at is not None:
             left_s = (req.deadline_at - datetime.now(timezone.utc)).total_seconds()
@@ -80,6 +94,8 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
             async with aclosing(engine.generate(engine_request)) as deltas:
                 async for delta in deltas:  # leaving early closes the stream, which aborts it
                     if delta.text or delta.new_tokens:
+                        if not await may_write():
+                            return 0  # leaving aborts the engine's request
                         if first_token_ms is None:
                             first_token_ms = int((time.monotonic() - t0) * 1000)
                         output_tokens += delta.new_tokens
@@ -108,6 +124,6 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
     finally:
         if timer is not None:
             timer.cancel()
-        if terminal is not None:
+        if terminal is not None and await may_write():
             await writer.finish(started_env, caused_by(started_env, terminal))
-    return 1
+    return 1 if committed else 0

@@ -10,9 +10,10 @@ through the log. A tenant over its fair share gets the take-ahead (and the last 
 slot) only while no other tenant is active (see `Headroom`), and what waits inside the
 engine is ordered by priority class, then by how many generations its tenant already
 had in flight when it was taken. Taking is committed with the item's `GenerationStarted`
-before any token is made, and only up to the first item not yet taken (see
+before any of its tokens is written, and only up to the first item not yet taken (see
 `workers.work_positions`), so a crash leaves untaken work to the next owner and nothing
-runs twice. Cancelled work and work whose deadline
+is served twice. The engine starts on an item while its take commits; if the commit
+fails, that generation is aborted unwritten. Cancelled work and work whose deadline
 passed in the queue ends there without running; running work is aborted on
 `CancelRequested` and at its deadline. Token and terminal events go out through one
 `StreamWriter`, batched across generations, so a slow log never slows the engine.
@@ -23,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 
 from models import topics
@@ -58,6 +59,7 @@ class InteractiveWorker:
     `cancel_log`, a second handle on the same log, is where cancels are followed."""
 
     SWEEP_S = 0.25  # how often queued work is checked for cancels and passed deadlines
+    ABANDON_WAIT_S = 10.0  # the most a failed take waits for its generations to leave the engine
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
                  pool: str | None = None, max_in_flight: int | None = None, take_ahead: int | None = 0,
@@ -132,24 +134,40 @@ class InteractiveWorker:
                 self._wake.wait(wait)  # everything queued waits for a slot
                 self._wake.clear()
             return 0
+        # The engine starts on them while the take commits (on Kafka, a transaction of a
+        # few round trips); they write nothing until it has.
+        taken: Future = Future()
+        serving = []
+        for (item, started, priority), prompt in zip(starting, prompts):
+            self._cancels.in_flight[started.payload.request_id] = ""
+            serving.append(self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken)))
         try:
             self._consumer.commit_with(to_outputs(outputs), offsets=offsets)
-        except (Fenced, EventLogError) as exc:
-            # Nothing of this unit was written (the transaction aborted): start none of it,
-            # and read again from what is committed.
+        except BaseException as exc:
+            # Nothing of this unit was written (the transaction aborted): what began stops
+            # without a trace, and reading starts again from what is committed.
+            taken.set_result(False)
+            self._abandon(starting, serving)
+            if not isinstance(exc, (Fenced, EventLogError)):
+                raise
             logger.warning("%s: taking work failed (%r); reading again from the committed positions",
                            self.worker_id, exc)
-            with self._slots_lock:
-                for item, _, _ in starting:
-                    self._slots.finished(item.tenant_id)
             self._consumer.seek_to_committed()
             self._reset(self._consumer.assignment())
             return 0
+        taken.set_result(True)
         self._committed = offsets
-        for (item, started, priority), prompt in zip(starting, prompts):
-            self._cancels.in_flight[started.payload.request_id] = ""
-            self._runner.submit_nowait(self._serve(item, started, priority, prompt))
         return len(starting)
+
+    def _abandon(self, starting: list[tuple[Item, Envelope, int]], serving: list[Future]) -> None:
+        """Stops generations whose take failed, and waits (bounded) until they are out of
+        the engine, so the same request, taken again, never meets its abandoned self there."""
+        for _, started, _ in starting:
+            self._cancels.untaken(started.payload.request_id)
+        _, left = wait(serving, timeout=self.ABANDON_WAIT_S)
+        if left:
+            logger.error("%s: %d abandoned generations still in the engine after %ss",
+                         self.worker_id, len(left), self.ABANDON_WAIT_S)
 
     def _take_in(self, record: Record) -> None:
         self._positions.saw(record)
@@ -232,10 +250,10 @@ class InteractiveWorker:
                 starting.append((item, started, priority))
         return starting
 
-    async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future) -> None:
+    async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:
             ended = await serve_generation(self._engine, self._cancels, item.value[3], started_env, self._writer,
-                                           prompt, priority=priority)
+                                           prompt, priority=priority, taken=taken)
             self.served += ended
         finally:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)

@@ -9,6 +9,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from dataclasses import replace
 
 from models import topics
 from models.events import decode, new_event
@@ -17,6 +18,7 @@ from pipelines import admin
 from pipelines.eventlog import EventLog, EventLogError
 from pipelines.routing import publish
 from tests.harness import MODEL_ALIAS, wait_until
+from workers.engine import EngineDelta
 
 
 class SeverableLog:
@@ -32,8 +34,9 @@ class SeverableLog:
 
 
 class PacedEngine:
-    """The shared engine, handing out each delta `pause_s` after the one before: a long
-    generation then outlasts the test's set-up however fast the engine is."""
+    """The shared engine, handing out one token every `pause_s`: a long generation then
+    outlasts the test's set-up however fast the engine is. (vLLM merges the deltas a slow
+    reader has not taken yet, so a delta may carry many tokens; they go out one by one.)"""
 
     def __init__(self, inner, pause_s: float):
         self._inner, self._pause_s = inner, pause_s
@@ -41,8 +44,19 @@ class PacedEngine:
     async def generate(self, request):
         async with aclosing(self._inner.generate(request)) as deltas:
             async for delta in deltas:
-                yield delta
-                await asyncio.sleep(self._pause_s)
+                for piece in self._one_by_one(delta):
+                    yield piece
+                    await asyncio.sleep(self._pause_s)
+
+    @staticmethod
+    def _one_by_one(delta: EngineDelta) -> list[EngineDelta]:
+        n = delta.new_tokens
+        if n <= 1:
+            return [delta]
+        size = -(-len(delta.text) // n)  # the text split evenly: only the count matters here
+        return [replace(delta, text=delta.text[i * size:(i + 1) * size], new_tokens=1,
+                        output_tokens=delta.output_tokens - n + i + 1, finished=delta.finished and i == n - 1,
+                        finish_reason=delta.finish_reason if i == n - 1 else None) for i in range(n)]
 
     def __getattr__(self, name):
         return getattr(self._inner, name)

@@ -8,9 +8,11 @@ import uuid
 import pytest
 
 from models import topics
-from models.events import new_event
+from models.events import decode, new_event
 from models.events_generation import CancelRequested
+from pipelines.eventlog import EventLogError
 from pipelines.routing import publish
+from tests.harness import wait_until
 from tests.conftest import make_log_opener
 from tests.fake_engine import FakeEngine, outcomes, queue_work, run_until
 from workers.engine_runner import EngineRunner
@@ -82,3 +84,46 @@ def test_a_dedicated_pool_worker_takes_only_its_own_pool(opened):
     assert engine.started == []
     queue_work(log, "acme", "gold-1", topic=topics.work_topic(pool, "normal"))
     run_until(worker, lambda: engine.started == ["gold-1"], "the dedicated pool's work to start")
+
+
+def stream_events(log, request_id: str) -> list:
+    found = []
+    for partition in range(log.partitions(topics.STREAM.name)):
+        for record in log.read(topics.STREAM.name, partition, 0, max_records=1000):
+            env = decode(record.value)
+            if env.correlation_id == request_id:
+                found.append(env)
+    return found
+
+
+def fail_first_take(worker, engine, request_id: str) -> dict:
+    """The worker's first take commit fails, after the engine began on `request_id` (the
+    engine starts while the take commits)."""
+    real, state = worker._consumer.commit_with, {"failed": False}
+
+    def commit_with(outputs, **options):
+        if outputs and not state["failed"]:
+            state["failed"] = True
+            wait_until(lambda: request_id in engine.started, 30, what="the engine to begin during the take")
+            raise EventLogError("the take's commit failed")
+        return real(outputs, **options)
+
+    worker._consumer.commit_with = commit_with
+    return state
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["made-a-token", "still-running"])
+def test_work_begun_during_a_failed_take_leaves_no_trace_and_runs_once_taken(opened, hold):
+    log, engine, worker = opened(hold=hold)
+    state = fail_first_take(worker, engine, "retaken-1")
+    queue_work(log, "acme", "retaken-1")
+    run_until(worker, lambda: state["failed"], "the failing take")
+    # Taken again from the committed positions, once the abandoned generation left the engine.
+    run_until(worker, lambda: engine.started == ["retaken-1", "retaken-1"], "the work to be taken again")
+    if not hold:
+        run_until(worker, lambda: ends(log, "retaken-1"), "the retaken work to end")
+        assert [e.event_type for e in stream_events(log, "retaken-1")] == [
+            "GenerationStarted", "TokensEmitted", "GenerationCompleted"], "the abandoned run wrote something"
+    assert [e.event_type for e in outcomes(log)["retaken-1"]] == (
+        ["GenerationStarted"] if hold else ["GenerationStarted", "GenerationCompleted"])
+    assert worker.in_flight == (1 if hold else 0), "the abandoned generation still holds a slot"
