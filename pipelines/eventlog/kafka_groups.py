@@ -191,7 +191,7 @@ class KafkaGroupConsumer(GroupConsumer):
                                self.member_id, self._timeout_s, sorted(last))
                 return
             if last:
-                time.sleep(0.005)
+                time.sleep(0.001)  # a list-offsets round trip apart: markers usually land within 1-2 ms
 
     def _transactional_producer(self) -> KafkaProducer:
         if self._producer is None:
