@@ -141,11 +141,20 @@ class InteractiveWorker:
         for (item, started, priority), prompt in zip(starting, prompts):
             self._cancels.in_flight[started.payload.request_id] = ""
             serving.append(self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken)))
+
+        def committed() -> None:
+            # Before the commit is visible to new readers (on Kafka, its markers): tokens
+            # appended from now on still come after the GenerationStarted on the stream.
+            if not taken.done():
+                taken.set_result(True)
+
         try:
-            self._consumer.commit_with(to_outputs(outputs), offsets=offsets)
+            self._consumer.commit_with(to_outputs(outputs), offsets=offsets, on_committed=committed)
         except BaseException as exc:
             # Nothing of this unit was written (the transaction aborted): what began stops
             # without a trace, and reading starts again from what is committed.
+            if taken.done():  # committed, then failed waiting to see it: the work is taken
+                raise
             taken.set_result(False)
             self._abandon(starting, serving)
             if not isinstance(exc, (Fenced, EventLogError)):
@@ -155,7 +164,7 @@ class InteractiveWorker:
             self._consumer.seek_to_committed()
             self._reset(self._consumer.assignment())
             return 0
-        taken.set_result(True)
+        committed()
         self._committed = offsets
         return len(starting)
 

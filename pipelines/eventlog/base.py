@@ -14,7 +14,7 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 
 class EventLogError(RuntimeError):
@@ -76,7 +76,8 @@ class GroupConsumer(ABC):
 
     @abstractmethod
     def commit_with(
-        self, outputs: Sequence[tuple[str, Message]], *, offsets: Mapping[TopicPartition, int] | None = None
+        self, outputs: Sequence[tuple[str, Message]], *, offsets: Mapping[TopicPartition, int] | None = None,
+        on_committed: Callable[[], None] | None = None,
     ) -> None:
         """Appends `outputs` and commits the polled positions as one atomic unit.
 
@@ -84,7 +85,13 @@ class GroupConsumer(ABC):
         and polling goes on from where it was: a consumer that reads ahead (the pool
         worker's fair share) commits only what it has finished.
 
-        Raises `Fenced` (and writes nothing) when a partition was reassigned meanwhile.
+        Returns once a reader that starts afterwards sees the outputs. `on_committed` is
+        called as soon as the unit is committed, which may be earlier (on Kafka, before the
+        commit markers land): readers already following see the outputs then or a moment
+        later, in order, and anything appended after it comes after them.
+
+        Raises `Fenced` (and writes nothing, and does not call `on_committed`) when a
+        partition was reassigned meanwhile.
         """
 
     @abstractmethod

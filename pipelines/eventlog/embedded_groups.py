@@ -170,7 +170,8 @@ class EmbeddedGroupConsumer(GroupConsumer):
         self.commit_with([])
 
     def commit_with(self, outputs: Sequence[tuple[str, Message]], *,
-                    offsets: Mapping[TopicPartition, int] | None = None) -> None:
+                    offsets: Mapping[TopicPartition, int] | None = None,
+                    on_committed: Callable[[], None] | None = None) -> None:
         chosen = self._uncommitted if offsets is None else dict(offsets)
         if not outputs and not chosen and not self._stale and not self._zombie:
             return
@@ -199,6 +200,8 @@ class EmbeddedGroupConsumer(GroupConsumer):
             raise
         self._uncommitted = {tp: pos for tp, pos in self._uncommitted.items() if pos > chosen.get(tp, -1)}
         self._dirty = self._dirty or bool(outputs)  # our own writes do not move data_version
+        if on_committed is not None:
+            on_committed()
 
     def committed(self, topic: str, partition: int) -> int | None:
         return committed_offset(self._conn, self._group, topic, partition)

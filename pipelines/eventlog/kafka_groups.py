@@ -143,7 +143,8 @@ class KafkaGroupConsumer(GroupConsumer):
         self._positions = {}
 
     def commit_with(self, outputs: Sequence[tuple[str, Message]], *,
-                    offsets: Mapping[TopicPartition, int] | None = None) -> None:
+                    offsets: Mapping[TopicPartition, int] | None = None,
+                    on_committed: Callable[[], None] | None = None) -> None:
         chosen = None if offsets is None else {KafkaTP(t, p): o for (t, p), o in offsets.items()}
         if not outputs and not (self._positions if chosen is None else chosen) and not self._stale:
             return
@@ -168,6 +169,8 @@ class KafkaGroupConsumer(GroupConsumer):
             raise
         self._positions = {} if chosen is None else {
             tp: pos for tp, pos in self._positions.items() if pos > chosen.get(tp, -1)}
+        if on_committed is not None:
+            on_committed()
         self._await_visible(written)
 
     def _await_visible(self, written) -> None:

@@ -29,10 +29,11 @@ class _NamespacedConsumer(GroupConsumer):
     def commit(self) -> None:
         self._inner.commit()
 
-    def commit_with(self, outputs: Sequence[tuple[str, Message]], *, offsets=None) -> None:
+    def commit_with(self, outputs: Sequence[tuple[str, Message]], *, offsets=None, on_committed=None) -> None:
         if offsets is not None:
             offsets = {(self._names.outer(t), p): o for (t, p), o in offsets.items()}
-        self._inner.commit_with([(self._names.outer(t), m) for t, m in outputs], offsets=offsets)
+        self._inner.commit_with([(self._names.outer(t), m) for t, m in outputs], offsets=offsets,
+                                on_committed=on_committed)
 
     def committed(self, topic: str, partition: int) -> int | None:
         return self._inner.committed(self._names.outer(topic), partition)

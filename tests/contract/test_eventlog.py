@@ -203,6 +203,27 @@ class EventLogContract:
         assert values(self.read_all(log, outputs)) == values([r for _, r in derive(outputs, records)])
         assert restarted.poll(timeout_s=1.0) == []
 
+    def test_on_committed_runs_once_per_committed_unit_and_what_it_appends_comes_after(self):
+        log = self.opened()
+        inputs, outputs, group = self.topic(log, 2), self.topic(log, 1), self.fresh("group")
+        log.append(inputs, [Message("k", b"1")])
+        consumer = log.consumer(group, [inputs])
+        records = self.poll_until(consumer, 1, "the record")
+        calls: list[str] = []
+        with pytest.raises(UnknownTopic):
+            consumer.commit_with(derive(outputs, records) + [(self.fresh("missing"), Message("k", b"lost"))],
+                                 on_committed=lambda: calls.append("failed"))
+        assert calls == [], "a unit that was not committed reported that it was"
+
+        def committed() -> None:  # as the worker does: later output goes out as soon as the unit commits
+            calls.append("committed")
+            log.append(outputs, [Message("k", b"after")])
+
+        consumer.seek_to_committed()
+        consumer.commit_with(derive(outputs, self.poll_until(consumer, 1, "the record again")), on_committed=committed)
+        assert calls == ["committed"]
+        assert [r.value for r in self.read_all(log, outputs)] == [b"out:1", b"after"]  # one partition: in order
+
     def test_a_failed_commit_with_leaves_no_output_and_no_position(self):
         log = self.opened()
         inputs, outputs, group = self.topic(log, 2), self.topic(log, 2), self.fresh("group")
