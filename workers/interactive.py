@@ -59,6 +59,7 @@ class InteractiveWorker:
     `cancel_log`, a second handle on the same log, is where cancels are followed."""
 
     SWEEP_S = 0.25  # how often queued work is checked for cancels and passed deadlines
+    QUEUED_WAIT_S = 0.002  # the longest wait for new work while queued work waits for a slot
     ABANDON_WAIT_S = 10.0  # the most a failed take waits for its generations to leave the engine
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
@@ -84,7 +85,6 @@ class InteractiveWorker:
         self._io = ThreadPoolExecutor(self.capacity + 2, thread_name_prefix=f"{self.worker_id}-io")
         self._writer = StreamWriter(log, self._io, linger_s=stream_linger_s)
         self._slots_lock = threading.Lock()
-        self._wake = threading.Event()
         self._assigned: set | None = None
         self._reset(set())
         self._next_sweep = 0.0
@@ -109,8 +109,14 @@ class InteractiveWorker:
 
     def run_once(self, timeout_s: float = 0.2) -> int:
         room = self._lookahead - len(self._queue)
-        wait = timeout_s if not len(self._queue) else min(timeout_s, 0.01)
-        records = self._consumer.poll(max_records=min(500, room), timeout_s=wait) if room > 0 else []
+        # With work queued, a slot may free up any moment: look again soon. New work ends
+        # the wait at once, so a light tenant's request is seen as it arrives.
+        wait = timeout_s if not len(self._queue) else min(timeout_s, self.QUEUED_WAIT_S)
+        if room > 0:
+            records = self._consumer.poll(max_records=min(500, room), timeout_s=wait)
+        else:  # read as far ahead as it may: only a slot can change anything
+            time.sleep(wait)
+            records = []
         assigned = self._consumer.assignment()
         if assigned != self._assigned:
             # A rebalance: what was read ahead may be another owner's now. Start over from
@@ -130,9 +136,6 @@ class InteractiveWorker:
         prompts = [self._io.submit(fetch_prompt, self._log, item.value[3].payload.request.prompt_ref)
                    for item, _, _ in starting]
         if not outputs and offsets == self._committed:
-            if not starting and len(self._queue) and not records:
-                self._wake.wait(wait)  # everything queued waits for a slot
-                self._wake.clear()
             return 0
         # The engine starts on them while the take commits (on Kafka, a transaction of a
         # few round trips); they write nothing until it has.
@@ -268,7 +271,6 @@ class InteractiveWorker:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)
             with self._slots_lock:
                 self._slots.finished(item.tenant_id)
-            self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
