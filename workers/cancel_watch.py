@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 class CancelWatch:
     REMEMBER = 50_000  # recent cancels kept for queued work; older ones have long expired
     WAIT_S = 0.1  # the longest one look waits for new records (it returns at the first)
+    # Between two looks: the requests topic changes with every request, and a cancel may
+    # wait this long; reading at each change would cost the worker more than cancels do.
+    GAP_S = 0.005
+    CANCEL_TYPE = b'"CancelRequested"'  # in the record of every cancel (events are JSON)
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine):
         self._log, self._runner, self._engine = log, runner, engine
@@ -42,6 +46,7 @@ class CancelWatch:
                 except Exception:  # a log hiccup must not stop cancels for good
                     logger.exception("reading cancels failed; retrying")
                     self._stop.wait(self.WAIT_S)
+                self._stop.wait(self.GAP_S)
 
         self._thread = threading.Thread(target=run, name=name, daemon=True)
         self._thread.start()
@@ -55,6 +60,8 @@ class CancelWatch:
     def poll(self, timeout_s: float | None = None) -> None:
         records = self._tail.poll(max_records=1000, timeout_s=self.WAIT_S if timeout_s is None else timeout_s)
         for record in records:
+            if self.CANCEL_TYPE not in record.value:
+                continue  # most of the topic is requests: not decoded
             try:
                 env = decode(record.value)
             except EventDecodeError:
