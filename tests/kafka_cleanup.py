@@ -56,3 +56,22 @@ def _delete(servers: list[str], names: list[str]) -> None:
         warnings.warn(f"deleting this session's Kafka topics failed: {exc!r}")
     finally:
         admin.close()
+
+
+def delete_prefixed(url: str, prefix: str) -> int:
+    """Deletes every topic whose name starts with `prefix` on the Kafka at `url`
+    (kafka://host:port); returns how many there were. The benchmarks call it before and
+    after a run, so the broker holds the same topics for every run, whatever was left
+    by one that was interrupted. Benchmarks run one at a time: a concurrent one would
+    lose its topics."""
+    from kafka.admin import KafkaAdminClient
+
+    servers = url[len("kafka://"):].split(",")
+    admin = KafkaAdminClient(bootstrap_servers=servers, client_id="ledgerlm-bench-cleanup", request_timeout_ms=30_000)
+    try:
+        names = sorted(n for n in admin.list_topics() if n.startswith(prefix))
+    finally:
+        admin.close()
+    _delete(servers, names)
+    return len(names)
+

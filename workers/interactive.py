@@ -59,7 +59,10 @@ class InteractiveWorker:
     `cancel_log`, a second handle on the same log, is where cancels are followed."""
 
     SWEEP_S = 0.25  # how often queued work is checked for cancels and passed deadlines
-    QUEUED_WAIT_S = 0.002  # the longest wait for new work while queued work waits for a slot
+    # With work queued, how long one look for new work may wait: new work ends it at once,
+    # a freed slot is seen at the next look. Shorter costs more than it gains on Kafka,
+    # where every look is a round of the client's protocol work in Python.
+    QUEUED_WAIT_S = 0.01
     ABANDON_WAIT_S = 10.0  # the most a failed take waits for its generations to leave the engine
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,

@@ -99,6 +99,22 @@ def b_breakdown(log, tenant_id: str, since: datetime) -> dict:
             "b_queued_p95_ms": percentile(queued, 0.95), "b_engine_ttft_p95_ms": percentile(engine, 0.95)}
 
 
+@contextmanager
+def bench_topics_cleared(*logs: str):
+    """Deletes the benchmarks' Kafka topics (namespaces `bench...`) before and after the
+    run when it uses Kafka: left behind, thousands of partitions slow the broker down."""
+    from tests.kafka_cleanup import delete_prefixed
+
+    url = os.environ.get("LEDGERLM_TEST_KAFKA", "") if "kafka" in logs else ""
+    if url:
+        delete_prefixed(url, "bench")
+    try:
+        yield
+    finally:
+        if url:
+            delete_prefixed(url, "bench")
+
+
 def log_opener(kind: str, home: Path):
     """The embedded log under `home`, or a fresh namespace on the Kafka of LEDGERLM_TEST_KAFKA."""
     from tests.harness import isolated_log_opener
@@ -314,7 +330,8 @@ def main() -> None:
         ttft, a_done = asyncio.run(platform_phase(*args.client, args.seconds, args.every, args.flood))
         print(json.dumps({"ttft_ms": ttft, "a_done": a_done}))
         return
-    rows = run(args)
+    with bench_topics_cleared(args.log):
+        rows = run(args)
     print(table(rows))
     if not args.no_record:
         record(rows, ".venv/bin/python tests/perf/bench_noisy_neighbour.py " + shlex.join(sys.argv[1:]), args)

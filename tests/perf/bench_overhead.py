@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.perf.bench_noisy_neighbour import add_worker_options, log_opener  # noqa: E402
+from tests.perf.bench_noisy_neighbour import add_worker_options, bench_topics_cleared, log_opener  # noqa: E402
 from tests.perf.results import record_run  # noqa: E402
 
 SECTION = "## Overhead"
@@ -318,7 +318,8 @@ def main() -> None:
     if args.client:
         print(json.dumps(asyncio.run(client(*args.client, args))))
         return
-    rows = run(args)
+    with bench_topics_cleared(*args.paths, *args.process_paths):
+        rows = run(args)
     print(table(rows))
     if not args.no_record:
         record(rows, ".venv/bin/python tests/perf/bench_overhead.py " + shlex.join(sys.argv[1:]), args)
