@@ -3,6 +3,7 @@ the `ledgerlm serve api` entrypoint wires from settings."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -20,6 +21,8 @@ from pipelines.admin import RegistryView
 from pipelines.bootstrap import open_log
 from pipelines.tokencount import TokenCounter
 
+logger = logging.getLogger(__name__)
+
 
 def build_services(settings: Settings) -> Services:
     log = open_log(settings)
@@ -27,23 +30,39 @@ def build_services(settings: Settings) -> Services:
                     hub=StreamHub(log))
 
 
-def _warm_tokenizers(services: Services) -> None:
-    registry = services.registry_view.refresh()
-    services.counter.warm(revision.model_path for revision in registry.revisions.values())
+WARM_EVERY_S = 2.0  # how often the API looks for newly approved revisions to warm
+
+
+async def _keep_tokenizers_warm(services: Services) -> None:
+    """Loads the tokenizer of every approved revision: those there at start, then each one
+    approved later, within `WARM_EVERY_S`, so no request waits seconds for a load."""
+    tried: set[str] = set()
+    while True:
+        try:
+            registry = await asyncio.to_thread(services.registry_view.refresh)
+            new = [path for path in dict.fromkeys(r.model_path for r in registry.revisions.values())
+                   if path not in tried]
+            if new:
+                tried.update(new)
+                await asyncio.to_thread(services.counter.warm, new)
+        except Exception:  # noqa: BLE001 - warming is an optimisation; requests load what they need
+            logger.exception("warming tokenizers failed; trying again")
+        await asyncio.sleep(WARM_EVERY_S)
 
 
 def create_app(services: Services) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         services.hub.start()
-        loop = asyncio.get_running_loop()
-        warming = [loop.run_in_executor(None, services.index.warm), loop.run_in_executor(None, _warm_tokenizers, services)]
+        warming = asyncio.get_running_loop().run_in_executor(None, services.index.warm)
+        tokenizers = asyncio.create_task(_keep_tokenizers_warm(services))
         try:
             yield
         finally:
+            tokenizers.cancel()
             await services.reaper.aclose()
             services.hub.stop()
-            await asyncio.gather(*warming, return_exceptions=True)
+            await asyncio.gather(warming, tokenizers, return_exceptions=True)
             services.close_readers()
 
     app = FastAPI(title="ledgerlm", lifespan=lifespan)

@@ -6,6 +6,7 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
+from api import app as app_module
 from api.app import create_app
 from api.deps import Services
 from api.stream_hub import StreamHub
@@ -14,6 +15,7 @@ from pipelines import admin
 from pipelines.admin import RegistryView
 from pipelines.bootstrap import open_log
 from pipelines.tokencount import TokenCounter
+from tests.harness import wait_until
 from workers.tiny_model import make_tiny_model
 
 
@@ -41,12 +43,14 @@ class RecordingCounter(TokenCounter):
         self.done = threading.Event()
 
     def warm(self, model_paths) -> int:
-        self.warmed = list(model_paths)
+        paths = list(model_paths)
+        self.warmed += paths
         self.done.set()
-        return len(self.warmed)
+        return len(paths)
 
 
-def test_the_api_warms_every_approved_revision_as_it_starts(tmp_path):
+def test_the_api_warms_every_approved_revision_at_start_and_each_one_approved_later(tmp_path, monkeypatch):
+    monkeypatch.setattr(app_module, "WARM_EVERY_S", 0.05)
     settings = Settings(home=tmp_path, event_log_url=f"sqlite:///{tmp_path / 'log.db'}")
     log = open_log(settings)
     try:
@@ -61,6 +65,10 @@ def test_the_api_warms_every_approved_revision_as_it_starts(tmp_path):
         with TestClient(app) as client:
             assert client.get("/healthz").status_code == 200
             assert counter.done.wait(10), "the API did not warm its tokenizers"
-        assert sorted(counter.warmed) == ["/models/a", "/models/b"]
+            assert sorted(counter.warmed) == ["/models/a", "/models/b"]
+            admin.approve_model(view, alias="c", model_revision="c@1", model_path="/models/c", engine_config_hash="h",
+                                max_model_len=512, actor="t")
+            wait_until(lambda: "/models/c" in counter.warmed, 10, what="the later revision to be warmed")
+        assert sorted(counter.warmed) == ["/models/a", "/models/b", "/models/c"], "a path was warmed twice"
     finally:
         log.close()
