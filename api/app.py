@@ -40,8 +40,7 @@ async def _keep_tokenizers_warm(services: Services) -> None:
     while True:
         try:
             registry = await asyncio.to_thread(services.registry_view.refresh)
-            new = [path for path in dict.fromkeys(r.model_path for r in registry.revisions.values())
-                   if path not in tried]
+            new = {r.model_path for r in registry.revisions.values()} - tried
             if new:
                 tried.update(new)
                 await asyncio.to_thread(services.counter.warm, new)

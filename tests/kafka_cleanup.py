@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Callable
 
 import pytest
 
@@ -35,27 +36,29 @@ def _delete_session_topics():
         KafkaEventLog.ensure_topics = original
         url = os.environ.get("LEDGERLM_TEST_KAFKA", "")
         if _created and url.startswith("kafka://"):
-            _delete(url[len("kafka://"):].split(","), sorted(_created))
+            _delete(url[len("kafka://"):].split(","), _created.__contains__)
 
 
-def _delete(servers: list[str], names: list[str]) -> None:
+def _delete(servers: list[str], chosen: Callable[[str], bool]) -> int:
+    """Deletes the topics on the broker that `chosen` picks; returns how many it picked."""
     from kafka.admin import KafkaAdminClient
 
     try:
         admin = KafkaAdminClient(bootstrap_servers=servers, client_id="ledgerlm-test-cleanup",
                                  request_timeout_ms=30_000)
     except Exception as exc:  # the broker is gone already: nothing to clean
-        warnings.warn(f"could not reach Kafka to delete {len(names)} test topics: {exc!r}")
-        return
+        warnings.warn(f"could not reach Kafka to delete test topics: {exc!r}")
+        return 0
+    doomed: list[str] = []
     try:
-        existing = set(admin.list_topics())
-        doomed = [n for n in names if n in existing]
+        doomed = sorted(n for n in admin.list_topics() if chosen(n))
         for i in range(0, len(doomed), 100):
             admin.delete_topics(doomed[i:i + 100], timeout_ms=30_000)
     except Exception as exc:
-        warnings.warn(f"deleting this session's Kafka topics failed: {exc!r}")
+        warnings.warn(f"deleting Kafka topics failed: {exc!r}")
     finally:
         admin.close()
+    return len(doomed)
 
 
 def delete_prefixed(url: str, prefix: str) -> int:
@@ -64,14 +67,4 @@ def delete_prefixed(url: str, prefix: str) -> int:
     after a run, so the broker holds the same topics for every run, whatever was left
     by one that was interrupted. Benchmarks run one at a time: a concurrent one would
     lose its topics."""
-    from kafka.admin import KafkaAdminClient
-
-    servers = url[len("kafka://"):].split(",")
-    admin = KafkaAdminClient(bootstrap_servers=servers, client_id="ledgerlm-bench-cleanup", request_timeout_ms=30_000)
-    try:
-        names = sorted(n for n in admin.list_topics() if n.startswith(prefix))
-    finally:
-        admin.close()
-    _delete(servers, names)
-    return len(names)
-
+    return _delete(url[len("kafka://"):].split(","), lambda name: name.startswith(prefix))

@@ -94,7 +94,7 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
             async with aclosing(engine.generate(engine_request)) as deltas:
                 async for delta in deltas:  # leaving early closes the stream, which aborts it
                     if delta.text or delta.new_tokens:
-                        if not await may_write():
+                        if not committed and not await may_write():
                             return 0  # leaving aborts the engine's request
                         if first_token_ms is None:
                             first_token_ms = int((time.monotonic() - t0) * 1000)
