@@ -48,8 +48,10 @@ class Settings(BaseSettings):
     # Generations a pool worker starts beyond the engine's capacity; they wait inside the
     # engine, so a finished sequence is replaced at the next step (None: the capacity again).
     worker_take_ahead: int | None = None
-    # How long a generation's later tokens may wait to share one stream event (ms).
-    stream_linger_ms: float = 10.0
+    # How long a generation's later tokens may wait to share one stream event (ms), with
+    # the engine's every sequence streaming; proportionally less with fewer. Its first
+    # tokens and its end never wait.
+    stream_linger_ms: float = 40.0
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -86,7 +86,7 @@ class InteractiveWorker:
         self._quantum = quantum
         self._slots = Headroom(running, take_ahead=take_ahead)
         self._io = ThreadPoolExecutor(self.capacity + 2, thread_name_prefix=f"{self.worker_id}-io")
-        self._writer = StreamWriter(log, self._io, linger_s=stream_linger_s)
+        self._writer = StreamWriter(log, self._io, linger_s=stream_linger_s, full_at=running)
         self._slots_lock = threading.Lock()
         self._assigned: set | None = None
         self._reset(set())

@@ -1,13 +1,19 @@
 """One writer for all of a worker's token events.
 
 Every generation on the engine hands its deltas to the `StreamWriter`; the writer
-appends them to the stream topic in batches: whatever accumulated while the previous
-append was in flight goes out in the next one, one `TokensEmitted` per generation per
-batch. An engine step yields a delta for every running sequence at once, so a batch
-usually carries one event for each of them in a single append, instead of one append
-per sequence per step. A generation's first tokens never wait beyond the append in
-flight, and later ones wait at most `linger_s` more, so a fast engine is not chopped
-into one event per token.
+appends them to the stream topic in batches: whatever is due when an append can start
+goes out in one append, one `TokensEmitted` per generation. An engine step yields a
+delta for every running sequence at once, so a batch usually carries one event for each
+of them, instead of one append per sequence per step.
+
+A generation's first tokens, its end and a `drain` go out at once (behind the append in
+flight, if any). Its other tokens may wait up to the linger, so that one event carries
+several of them: every event costs the worker, the log, the API and the client a
+decode and an encode, and on a busy machine that CPU is taken from the engine. The
+linger scales with how busy the writer is: `linger_s` with `full_at` generations
+streaming, proportionally less with fewer, so a lone stream goes out almost token by
+token and a full engine streams in larger pieces. Each generation lingers on its own
+clock: another's first tokens or end do not cut its wait short.
 
 Terminal events go through the same writer (after the generation's last tokens, on the
 stream topic, then on the outcomes topic), so readers of the stream see the end right
@@ -34,13 +40,14 @@ class _Pending:
     started: Envelope
     text: list[str] = field(default_factory=list)
     tokens: int = 0
-    first: bool = False  # carries the generation's first tokens: do not linger
+    since: float = 0.0  # when its oldest unwritten text came
+    now: bool = False  # first tokens, an end or a drain: goes out with the next append
     terminal: Envelope | None = None
 
 
 class StreamWriter:
-    def __init__(self, log: EventLog, io: Executor | None = None, *, linger_s: float = 0.0):
-        self._log, self._io, self.linger_s = log, io, linger_s
+    def __init__(self, log: EventLog, io: Executor | None = None, *, linger_s: float = 0.0, full_at: int = 1):
+        self._log, self._io, self.linger_s, self.full_at = log, io, linger_s, max(1, full_at)
         self._pending: dict[str, _Pending] = {}
         self._seq: dict[str, int] = {}  # next seq by request id, while the generation runs
         self._failed: dict[str, BaseException] = {}
@@ -49,7 +56,6 @@ class StreamWriter:
         self._in_flight: set[str] = set()
         self.appends = 0  # stream appends made (for tests and metrics)
         self._urgent = asyncio.Event()  # something that should not linger is pending
-        self._last_write = 0.0
 
     def tokens(self, started: Envelope, text: str, count: int) -> None:
         """Queues a delta of the generation `started` began; raises if an earlier append
@@ -59,12 +65,18 @@ class StreamWriter:
             raise self._failed.pop(rid)
         entry = self._pending.get(rid)
         if entry is None:
-            entry = self._pending[rid] = _Pending(started, first=self._seq.get(rid, 0) == 0)
+            entry = self._pending[rid] = _Pending(started, since=time.monotonic(), now=rid not in self._seq)
+            self._seq.setdefault(rid, 0)
         entry.text.append(text)
         entry.tokens += count
-        if entry.first:
+        if entry.now:
             self._urgent.set()
         self._kick()
+
+    def linger(self) -> float:
+        """How long a generation's later tokens may wait now: `linger_s` scaled by the
+        generations streaming, up to `full_at` of them."""
+        return self.linger_s * min(1.0, len(self._seq) / self.full_at)
 
     async def finish(self, started: Envelope, terminal: Envelope | None) -> None:
         """Writes what is queued for the generation, then `terminal` (if any) to the stream
@@ -73,8 +85,12 @@ class StreamWriter:
         may then `finish` with a different ending)."""
         rid = started.payload.request_id
         try:
+            entry = self._pending.get(rid)
             if terminal is not None:
-                self._pending.setdefault(rid, _Pending(started)).terminal = terminal
+                entry = self._pending.setdefault(rid, _Pending(started))
+                entry.terminal = terminal
+            if entry is not None:  # what it waits for does not linger
+                entry.now = True
                 self._urgent.set()
                 self._kick()
             while rid in self._pending or rid in self._in_flight:
@@ -103,18 +119,17 @@ class StreamWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
-            if self.linger_s and not any(p.first or p.terminal for p in self._pending.values()):
-                wait = self._last_write + self.linger_s - time.monotonic()
-                if wait > 0:  # a generation's first tokens or its end cut the wait short
-                    self._urgent.clear()
-                    try:
-                        await asyncio.wait_for(self._urgent.wait(), wait)
-                    except asyncio.TimeoutError:
-                        pass
-            batch, self._pending = self._pending, {}
+            batch = self._due()
+            if not batch:  # everything lingers: until the oldest is due, or something is urgent
+                self._urgent.clear()
+                wait = min(e.since for e in self._pending.values()) + self.linger() - time.monotonic()
+                try:
+                    await asyncio.wait_for(self._urgent.wait(), max(0.0, wait))
+                except asyncio.TimeoutError:
+                    pass
+                continue
             self._in_flight = set(batch)
             self._batch_done = loop.create_future()
-            self._last_write = time.monotonic()
             try:
                 stream, ends = self._events(batch)
                 try:
@@ -132,6 +147,14 @@ class StreamWriter:
                 self._in_flight = set()
                 done, self._batch_done = self._batch_done, None
                 done.set_result(None)
+
+    def _due(self) -> dict[str, _Pending]:
+        """Takes the entries that may not wait any longer out of the pending ones."""
+        cut = time.monotonic() - self.linger()
+        due = {rid: e for rid, e in self._pending.items() if e.now or e.since <= cut}
+        for rid in due:
+            del self._pending[rid]
+        return due
 
     def _events(self, batch: dict[str, _Pending]) -> tuple[list[Envelope], list[Envelope]]:
         stream, ends = [], []

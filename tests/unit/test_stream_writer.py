@@ -130,3 +130,75 @@ def test_a_lone_stream_lingers_between_its_events():
     assert sum(t.token_count for t in tokens) == 20
     assert tokens[0].token_count == 1, "the first token goes out at once"
     assert len(tokens) <= 6, f"{len(tokens)} events for 20 tokens: later tokens did not linger"
+
+
+def test_another_generations_first_tokens_and_end_do_not_cut_a_linger_short():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log, linger_s=0.2)
+        steady = started("steady")
+        writer.tokens(steady, "s0 ", 1)  # its first: out at once
+        await asyncio.sleep(0.01)
+        for i in range(1, 6):
+            writer.tokens(steady, f"s{i} ", 1)
+            # a short generation starts and ends meanwhile, each time
+            short = started(f"short{i}")
+            writer.tokens(short, "x", 1)
+            await writer.finish(short, ending(short))
+            await asyncio.sleep(0.01)
+        await writer.finish(steady, ending(steady))
+
+    asyncio.run(main())
+    steady = [e.payload for e in log.on(topics.STREAM)
+              if e.correlation_id == "steady" and isinstance(e.payload, TokensEmitted)]
+    assert [t.token_count for t in steady] == [1, 5], "its later tokens waited together, on their own clock"
+    assert [t.seq for t in steady] == [0, 1]
+    shorts = [e.correlation_id for e in log.on(topics.OUTCOMES)]
+    assert shorts[:5] == [f"short{i}" for i in range(1, 6)], "the short ones did not wait for it"
+
+
+def test_the_linger_grows_with_the_generations_streaming():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log, linger_s=0.4, full_at=4)
+        starts = [started(f"g{i}") for i in range(4)]
+        writer.tokens(starts[0], "a", 1)
+        await asyncio.sleep(0.01)
+        alone = writer.linger()
+        for start in starts[1:]:
+            writer.tokens(start, "b", 1)
+        await asyncio.sleep(0.01)
+        full = writer.linger()
+        for start in starts:
+            await writer.finish(start, ending(start))
+        return alone, full, writer.linger()
+
+    alone, full, after = asyncio.run(main())
+    assert alone == pytest.approx(0.1), "one of four: a quarter of the linger"
+    assert full == pytest.approx(0.4)
+    assert after == 0, "ended generations no longer count"
+
+
+def test_drain_and_finish_do_not_wait_out_the_linger():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log, linger_s=5.0)
+        start = started("r")
+        writer.tokens(start, "first ", 1)
+        await writer.drain(start)
+        writer.tokens(start, "later", 1)  # would linger 5 s
+        t0 = time.monotonic()
+        await writer.drain(start)
+        drained = time.monotonic() - t0
+        writer.tokens(start, " last", 1)
+        t0 = time.monotonic()
+        await writer.finish(start, ending(start))
+        return drained, time.monotonic() - t0
+
+    drained, finished = asyncio.run(main())
+    assert drained < 1.0 and finished < 1.0, (drained, finished)
+    text = "".join(e.payload.text for e in log.on(topics.STREAM) if isinstance(e.payload, TokensEmitted))
+    assert text == "first later last"
