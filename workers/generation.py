@@ -46,7 +46,8 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
     `taken`, when given, is the commit of the take (`GenerationStarted`) still under way:
     the engine starts at once, but nothing is written until it resolves True. When it
     resolves False the take did not happen: the generation is abandoned (the caller aborts
-    it) and returns 0 having written nothing."""
+    it) and returns 0 having written nothing. Once taken, the stream copy of `started_env`
+    is written first (the take's own outputs leave the stream topic out)."""
     loop = asyncio.get_running_loop()
     item: GenerationQueued = queued_env.payload
     req = item.request
@@ -62,11 +63,21 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
 
     terminal = None
     committed = taken is None
+    if committed:
+        writer.announce(started_env)
+    else:
+        async def take_then_announce() -> bool:
+            if await asyncio.wrap_future(taken):
+                writer.announce(started_env)  # before anything else of it can be queued
+                return True
+            return False
+
+        announced = asyncio.ensure_future(take_then_announce())
 
     async def may_write() -> bool:
         nonlocal committed
         if not committed:
-            committed = await asyncio.wrap_future(taken)
+            committed = await announced
         return committed
 
     try:

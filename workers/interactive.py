@@ -149,8 +149,8 @@ class InteractiveWorker:
             serving.append(self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken)))
 
         def committed() -> None:
-            # Before the commit is visible to new readers (on Kafka, its markers): tokens
-            # appended from now on still come after the GenerationStarted on the stream.
+            # Before the commit is visible to new readers (on Kafka, its markers): what the
+            # generations write from now on still comes after their take on the log.
             if not taken.done():
                 taken.set_result(True)
 
@@ -258,7 +258,9 @@ class InteractiveWorker:
                 started = caused_by(env, GenerationStarted(
                     request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
                     queued_ms=_ms_since(env.payload.queued_at, now)))
-                outputs += [(topics.OUTCOMES, started), (topics.STREAM, started), (self._topics[topic], started)]
+                # Its stream copy follows the commit, through the stream writer: a
+                # transaction open on a stream partition would hold back other streams.
+                outputs += [(topics.OUTCOMES, started), (self._topics[topic], started)]
                 # vLLM's order for what waits inside it: class first, then the lighter tenant.
                 priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[item.tenant_id])
                 self._slots.started(item.tenant_id)

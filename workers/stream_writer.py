@@ -15,9 +15,14 @@ streaming, proportionally less with fewer, so a lone stream goes out almost toke
 token and a full engine streams in larger pieces. Each generation lingers on its own
 clock: another's first tokens or end do not cut its wait short.
 
-Terminal events go through the same writer (after the generation's last tokens, on the
-stream topic, then on the outcomes topic), so readers of the stream see the end right
-after the last tokens and settlement follows.
+The stream copy of a generation's `GenerationStarted` goes through it too (`announce`,
+once the take is committed): the take's transaction then spans no stream partition. On
+Kafka, an open transaction hides everything after its first record on a partition from
+`read_committed` readers, so a take in flight would hold back every other generation's
+tokens on that partition until its markers land. Terminal events go through the writer
+as well (after the generation's last tokens, on the stream topic, then on the outcomes
+topic), so readers of the stream see the end right after the last tokens and settlement
+follows.
 
 Lives on the engine's event loop; appends run on `io` threads.
 """
@@ -42,6 +47,7 @@ class _Pending:
     tokens: int = 0
     since: float = 0.0  # when its oldest unwritten text came
     now: bool = False  # first tokens, an end or a drain: goes out with the next append
+    announce: bool = False  # the stream copy of `started` goes first
     terminal: Envelope | None = None
 
 
@@ -65,12 +71,22 @@ class StreamWriter:
             raise self._failed.pop(rid)
         entry = self._pending.get(rid)
         if entry is None:
-            entry = self._pending[rid] = _Pending(started, since=time.monotonic(), now=rid not in self._seq)
+            entry = self._pending[rid] = _Pending(started, since=time.monotonic(), now=self._seq.get(rid, 0) == 0)
             self._seq.setdefault(rid, 0)
         entry.text.append(text)
         entry.tokens += count
         if entry.now:
             self._urgent.set()
+        self._kick()
+
+    def announce(self, started: Envelope) -> None:
+        """Queues the stream copy of `started` (the generation's take is committed), ahead
+        of anything else of the generation; it does not linger."""
+        rid = started.payload.request_id
+        entry = self._pending.setdefault(rid, _Pending(started, since=time.monotonic()))
+        entry.announce = entry.now = True
+        self._seq.setdefault(rid, 0)
+        self._urgent.set()
         self._kick()
 
     def linger(self) -> float:
@@ -161,6 +177,8 @@ class StreamWriter:
         for rid, entry in batch.items():
             if rid in self._failed:
                 continue
+            if entry.announce:
+                stream.append(entry.started)
             if entry.tokens or entry.text:
                 seq = self._seq.get(rid, 0)
                 self._seq[rid] = seq + 1

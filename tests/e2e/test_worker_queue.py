@@ -127,3 +127,23 @@ def test_work_begun_during_a_failed_take_leaves_no_trace_and_runs_once_taken(ope
     assert [e.event_type for e in outcomes(log)["retaken-1"]] == (
         ["GenerationStarted"] if hold else ["GenerationStarted", "GenerationCompleted"])
     assert worker.in_flight == (1 if hold else 0), "the abandoned generation still holds a slot"
+
+
+def test_the_take_spans_no_stream_partition_and_the_stream_still_opens_with_the_start(opened):
+    # On Kafka a transaction open on a stream partition would hide every other stream's
+    # later tokens there until its markers land: the stream copy of GenerationStarted is
+    # written after the take commits, ahead of the generation's tokens.
+    log, engine, worker = opened(hold=True)
+    real, taken_topics = worker._consumer.commit_with, []
+
+    def commit_with(outputs, **options):
+        taken_topics.append({topic for topic, _ in outputs})
+        return real(outputs, **options)
+
+    worker._consumer.commit_with = commit_with
+    queue_work(log, "acme", "opened-1")
+    run_until(worker, lambda: engine.started == ["opened-1"], "the generation to start")
+    started = run_until(worker, lambda: stream_events(log, "opened-1"), "the start on the stream")
+    assert [e.event_type for e in started] == ["GenerationStarted"], "announced before any token"
+    assert taken_topics and all(topics.STREAM.name not in t for t in taken_topics), taken_topics
+    assert any(topics.OUTCOMES.name in t for t in taken_topics), "the take itself is committed with the work"

@@ -202,3 +202,27 @@ def test_drain_and_finish_do_not_wait_out_the_linger():
     assert drained < 1.0 and finished < 1.0, (drained, finished)
     text = "".join(e.payload.text for e in log.on(topics.STREAM) if isinstance(e.payload, TokensEmitted))
     assert text == "first later last"
+
+
+def test_the_start_goes_first_at_once_and_the_first_tokens_still_do_not_linger():
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log, linger_s=5.0)
+        start = started("r")
+        writer.announce(start)
+        await asyncio.sleep(0.05)
+        announced = [type(e.payload) for e in log.on(topics.STREAM)]
+        t0 = time.monotonic()
+        writer.tokens(start, "hello", 1)
+        while len(log.on(topics.STREAM)) < 2 and time.monotonic() - t0 < 2:
+            await asyncio.sleep(0.005)
+        first_after = time.monotonic() - t0
+        await writer.finish(start, ending(start))
+        return announced, first_after
+
+    announced, first_after = asyncio.run(main())
+    assert announced == [GenerationStarted], "the start is written without waiting for tokens"
+    assert first_after < 1.0, f"the first tokens lingered {first_after:.2f}s after the start"
+    assert [type(e.payload) for e in log.on(topics.STREAM)] == [GenerationStarted, TokensEmitted, GenerationFailed]
+    assert log.on(topics.STREAM)[1].payload.seq == 0
