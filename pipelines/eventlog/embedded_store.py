@@ -41,9 +41,13 @@ def now_ms() -> int:
 
 
 class LogConnection(sqlite3.Connection):
-    """A connection that remembers how long it may wait for a lock (set by `connect`)."""
+    """A connection that remembers how long it may wait for a lock (set by `connect`), and
+    the partition counts of the topics it has met: a topic's count never changes once it
+    exists (`ensure_topics` only inserts; topics are never dropped), so each is looked up
+    once per connection instead of at every append and read."""
 
     busy_timeout_ms: int
+    partition_counts: dict[str, int]
 
 
 def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> LogConnection:
@@ -51,6 +55,7 @@ def connect(path: str, *, busy_timeout_ms: int, synchronous: str) -> LogConnecti
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                            timeout=busy_timeout_ms / 1000, factory=LogConnection)
     conn.busy_timeout_ms = int(busy_timeout_ms)
+    conn.partition_counts = {}
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     conn.execute("PRAGMA journal_mode=WAL")
     # NORMAL in WAL survives a process crash (not a power cut), like an unflushed Kafka broker.
@@ -117,20 +122,24 @@ def create_schema(conn: LogConnection) -> None:
                 conn.execute(statement)
 
 
-def partition_count(conn: sqlite3.Connection, topic: str) -> int:
+def partition_count(conn: LogConnection, topic: str) -> int:
+    known = conn.partition_counts.get(topic)
+    if known is not None:
+        return known
     row = conn.execute("SELECT partitions FROM topics WHERE name = ?", (topic,)).fetchone()
-    if row is None:
+    if row is None:  # not remembered: a later look finds it once someone creates it
         raise UnknownTopic(f"topic {topic!r} does not exist; create it with ensure_topics")
+    conn.partition_counts[topic] = row[0]
     return row[0]
 
 
-def check_partition(conn: sqlite3.Connection, topic: str, partition: int) -> None:
+def check_partition(conn: LogConnection, topic: str, partition: int) -> None:
     n = partition_count(conn, topic)
     if not 0 <= partition < n:
         raise EventLogError(f"topic {topic!r} has {n} partitions; {partition} is out of range")
 
 
-def insert_records(conn: sqlite3.Connection, outputs: Sequence[tuple[str, Message]]) -> list[Record]:
+def insert_records(conn: LogConnection, outputs: Sequence[tuple[str, Message]]) -> list[Record]:
     """Appends inside the caller's write transaction; returns records in input order."""
     counts: dict[str, int] = {}
     next_offsets: dict[tuple[str, int], int] = {}

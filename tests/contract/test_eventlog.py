@@ -346,6 +346,22 @@ class TestEmbeddedEventLog(EventLogContract):
         assert values(log.read(durable, 0, 0)) == [b"kept"]
         assert (log.low_offset(topic, 0), log.end_offset(topic, 0), log.read(topic, 0, 0)) == (4, 4, [])
 
+    def test_a_topic_is_looked_up_once_per_connection_and_a_missing_one_is_found_once_made(self):
+        log, other = self.opened(), self.opened()
+        topic = self.topic(log, 3)
+        lookups = []
+        log._conn.set_trace_callback(lambda sql: lookups.append(sql) if "FROM topics" in sql else None)
+        for i in range(5):
+            log.append(topic, [Message(f"k{i}", b"x")])
+            log.read(topic, i % 3, 0)
+            assert log.partitions(topic) == 3
+        assert len(lookups) == 1, lookups
+        late = self.fresh("late")
+        with pytest.raises(UnknownTopic):
+            log.partitions(late)
+        other.ensure_topics([TopicSpec(late, 2, None)])  # made by another connection meanwhile
+        assert log.partitions(late) == 2, "a miss is not remembered"
+
     def test_processes_append_to_one_file_without_losing_an_offset(self):
         log = self.opened()
         topic = self.topic(log, 1)
