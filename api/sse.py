@@ -73,11 +73,15 @@ def stream_response(svc: Services, live: Live, render: Callable[[StreamEvent], I
 
 
 async def _frames(svc: Services, live: Live, render, on_timeout) -> AsyncIterator[bytes]:
+    done = False
     try:
         async for event in live.events():
             chunks = [*render(event)]
             for more in live.stream.ready():  # a burst goes out as one write
                 chunks += render(more)
+            if live.stream.ended:  # and the end with its [DONE]
+                chunks.append(DONE)
+                done = True
             if chunks:
                 yield b"".join(chunks)
     except StreamTimeout:
@@ -88,7 +92,8 @@ async def _frames(svc: Services, live: Live, render, on_timeout) -> AsyncIterato
             live.stream.close()
         else:
             svc.reaper.client_gone(live.stream)
-    yield DONE
+    if not done:
+        yield DONE
 
 
 async def collect(svc: Services, live: Live, request: Request) -> tuple[str, StreamEvent]:
