@@ -37,13 +37,13 @@ def fetch_prompt(log: EventLog, ref) -> str:
 
 
 async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelope, started_env: Envelope,
-                           writer: StreamWriter, prompt: Future, *, priority: int | None = None,
-                           taken: Future | None = None) -> int:
+                           writer: StreamWriter, prompt: Future, taken: Future, *,
+                           priority: int | None = None) -> int:
     """Returns 1 once a terminal event is written. `prompt` is the prompt's fetch, already
     under way (`fetch_prompt`); `writer` writes the token and terminal events. `priority`
     overrides the one the request's class gives vLLM (lower runs sooner).
 
-    `taken`, when given, is the commit of the take (`GenerationStarted`) still under way:
+    `taken` is the commit of the take (`GenerationStarted`), possibly still under way:
     the engine starts at once, but nothing is written until it resolves True. When it
     resolves False the take did not happen: the generation is abandoned (the caller aborts
     it) and returns 0 having written nothing. Once taken, the stream copy of `started_env`
@@ -62,17 +62,15 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
                        duration_ms=int((time.monotonic() - t0) * 1000))
 
     terminal = None
-    committed = taken is None
-    if committed:
-        writer.announce(started_env)
-    else:
-        async def take_then_announce() -> bool:
-            if await asyncio.wrap_future(taken):
-                writer.announce(started_env)  # before anything else of it can be queued
-                return True
-            return False
+    committed = False
 
-        announced = asyncio.ensure_future(take_then_announce())
+    async def take_then_announce() -> bool:
+        if await asyncio.wrap_future(taken):
+            writer.announce(started_env)  # before anything else of it can be queued
+            return True
+        return False
+
+    announced = asyncio.ensure_future(take_then_announce())
 
     async def may_write() -> bool:
         nonlocal committed

@@ -151,8 +151,7 @@ class InteractiveWorker:
         def committed() -> None:
             # Before the commit is visible to new readers (on Kafka, its markers): what the
             # generations write from now on still comes after their take on the log.
-            if not taken.done():
-                taken.set_result(True)
+            taken.set_result(True)
 
         try:
             self._consumer.commit_with(to_outputs(outputs), offsets=offsets, on_committed=committed)
@@ -170,8 +169,7 @@ class InteractiveWorker:
             self._consumer.seek_to_committed()
             self._reset(self._consumer.assignment())
             return 0
-        committed()
-        self._committed = offsets
+        self._committed = offsets  # `taken` resolved in on_committed
         return len(starting)
 
     def _abandon(self, starting: list[tuple[Item, Envelope, int]], serving: list[Future]) -> None:
@@ -270,7 +268,7 @@ class InteractiveWorker:
     async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:
             ended = await serve_generation(self._engine, self._cancels, item.value[3], started_env, self._writer,
-                                           prompt, priority=priority, taken=taken)
+                                           prompt, taken, priority=priority)
             self.served += ended
         finally:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)

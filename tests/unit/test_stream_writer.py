@@ -44,6 +44,20 @@ def ending(start):
                      tenant_id=start.tenant_id, correlation_id=start.correlation_id)
 
 
+async def seconds(awaitable) -> float:
+    """How long `awaitable` took."""
+    t0 = time.monotonic()
+    await awaitable
+    return time.monotonic() - t0
+
+
+async def appended(log: RecordingLog, events: int, *, within_s: float) -> None:
+    """Returns once `events` events are on the stream topic, or after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while len(log.on(topics.STREAM)) < events and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
 def test_deltas_of_several_generations_share_an_append_and_keep_their_order():
     log = RecordingLog(delay_s=0.02)  # a slow append: what arrives meanwhile is batched
 
@@ -84,10 +98,8 @@ def test_first_tokens_do_not_wait_for_the_linger_of_others():
         writer.tokens(busy, "y", 1)  # lingers
         await asyncio.sleep(0.01)
         fresh = started("fresh")
-        t0 = time.monotonic()
         writer.tokens(fresh, "hello", 1)
-        await writer.drain(fresh)
-        waited = time.monotonic() - t0
+        waited = await seconds(writer.drain(fresh))
         await writer.finish(busy, ending(busy))
         await writer.finish(fresh, ending(fresh))
         return waited
@@ -190,13 +202,9 @@ def test_drain_and_finish_do_not_wait_out_the_linger():
         writer.tokens(start, "first ", 1)
         await writer.drain(start)
         writer.tokens(start, "later", 1)  # would linger 5 s
-        t0 = time.monotonic()
-        await writer.drain(start)
-        drained = time.monotonic() - t0
+        drained = await seconds(writer.drain(start))
         writer.tokens(start, " last", 1)
-        t0 = time.monotonic()
-        await writer.finish(start, ending(start))
-        return drained, time.monotonic() - t0
+        return drained, await seconds(writer.finish(start, ending(start)))
 
     drained, finished = asyncio.run(main())
     assert drained < 1.0 and finished < 1.0, (drained, finished)
@@ -213,11 +221,8 @@ def test_the_start_goes_first_at_once_and_the_first_tokens_still_do_not_linger()
         writer.announce(start)
         await asyncio.sleep(0.05)
         announced = [type(e.payload) for e in log.on(topics.STREAM)]
-        t0 = time.monotonic()
-        writer.tokens(start, "hello", 1)
-        while len(log.on(topics.STREAM)) < 2 and time.monotonic() - t0 < 2:
-            await asyncio.sleep(0.005)
-        first_after = time.monotonic() - t0
+        writer.tokens(start, "hello", 1)  # no drain: that would not let it linger anyway
+        first_after = await seconds(appended(log, 2, within_s=2))
         await writer.finish(start, ending(start))
         return announced, first_after
 
