@@ -172,12 +172,23 @@ class BatchPlatform:
 
     def events(self, tenant_id: str) -> list[tuple[int, object]]:
         """(offset, envelope) of the tenant's batch events, in log order."""
+        return self.event_tail(tenant_id)()
+
+    def event_tail(self, tenant_id: str):
+        """A reader of the tenant's batch events that remembers where it stopped: each call
+        reads only what was appended since and returns everything seen so far. Polling with
+        it stays quick however long the shared log has grown."""
         partition = partition_for(tenant_id, self.admin_log.partitions(topics.BATCHES.name))
-        out, offset = [], 0
-        while records := self.admin_log.read(topics.BATCHES.name, partition, offset, max_records=2000):
-            out += [(r.offset, env) for r in records if (env := decode(r.value)).tenant_id == tenant_id]
-            offset = records[-1].offset + 1
-        return out
+        seen: list[tuple[int, object]] = []
+        offset = 0
+
+        def read() -> list[tuple[int, object]]:
+            nonlocal offset
+            while records := self.admin_log.read(topics.BATCHES.name, partition, offset, max_records=2000):
+                seen.extend((r.offset, env) for r in records if (env := decode(r.value)).tenant_id == tenant_id)
+                offset = records[-1].offset + 1
+            return list(seen)
+        return read
 
     def wait_terminal(self, get, timeout_s: float = 240):
         """Polls `get()` (a batch or summarization) until it ends."""
