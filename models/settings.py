@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # the engine's every sequence streaming; proportionally less with fewer. Its first
     # tokens and its end never wait.
     stream_linger_ms: float = 40.0
+    # A worker that also runs admission for the tenant partitions it is given: work it can
+    # start at once is admitted and taken in one commit (see `pipelines.admission`).
+    worker_admits: bool = False
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -11,6 +11,14 @@ Time: a request is decided at its own event time (never earlier than the last on
 decided), and the ledger events of the decision carry that time, so a rebuilt processor
 reasons as its predecessor did. Only the expiry sweep reads the wall clock: nothing else
 happens when a worker is lost.
+
+Admitting and taking in one unit: a pool worker in the same process may be given as the
+processor's `taker`. Each admitted request is offered to it; when its engine has a free
+slot and nothing waits in its queue, it starts the generation at once, and the request's
+`GenerationStarted` replaces its `GenerationQueued` in the admission's own commit. The
+work never reaches a work topic, so no other worker can see it, let alone take it, and
+the first token waits for one commit instead of two. The generation writes nothing until
+that commit is through (`Taking.settle`).
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Callable, Protocol
 
 from models import topics
 from models.events import Envelope, EventDecodeError, caused_by, decode, new_event
@@ -30,6 +39,7 @@ from models.events_generation import (
 from models.quota import Ask, Reject, decide, min_service_ms
 from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
+from models.topics import Topic
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.routing import Outputs, to_outputs
 
@@ -191,14 +201,31 @@ def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datet
     return book, clock
 
 
+@dataclass
+class Taking:
+    """Admitted work a taker started: `started` goes out in the admission's commit, and
+    `settle` is called once, True when that commit is through (the generation may write
+    from then on) and False when it is not (the generation must leave without a trace)."""
+
+    started: Envelope
+    settle: Callable[[bool], None]
+
+
+class Taker(Protocol):
+    def offer(self, queued: Envelope, work_topic: Topic) -> Taking | None:
+        """Starts `queued` now if it may, or returns None and leaves it to the work topic."""
+
+
 class AdmissionProcessor:
     """Consumes requests and outcomes of its tenant partitions; one unit of work per poll."""
 
     GROUP = "ledgerlm-admission"
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
-                 estimate: ServiceEstimate | None = None):
+                 estimate: ServiceEstimate | None = None, taker: Taker | None = None):
         self._log = log
+        self._taker = taker
+        self._takings: list[Taking] = []
         self._registry_view = registry_view
         self._grace = grace
         self.estimate = estimate or ServiceEstimate()
@@ -223,13 +250,35 @@ class AdmissionProcessor:
     def _decide(self, env: Envelope, registry: Registry) -> Outputs:
         p = env.payload
         if isinstance(p, GenerationRequested):
-            return handle_requested(env, registry=registry, book=self.book, now=self._now(env.occurred_at),
-                                    grace=self._grace, estimate=self.estimate, queued_at=datetime.now(timezone.utc))
+            outputs = handle_requested(env, registry=registry, book=self.book, now=self._now(env.occurred_at),
+                                       grace=self._grace, estimate=self.estimate,
+                                       queued_at=datetime.now(timezone.utc))
+            return self._offer(outputs) if self._taker is not None else outputs
         if isinstance(p, GenerationStarted):
             self.estimate.observe_queue(p.queued_ms)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
             return handle_terminal(env, registry=registry, book=self.book)
         return []
+
+    def _offer(self, outputs: Outputs) -> Outputs:
+        """Queued work the taker starts goes out as its `GenerationStarted` instead."""
+        out: Outputs = []
+        for topic, env in outputs:
+            taking = self._taker.offer(env, topic) if isinstance(env.payload, GenerationQueued) else None
+            if taking is None:
+                out.append((topic, env))
+            else:
+                self._takings.append(taking)
+                out.append((topics.OUTCOMES, taking.started))
+        return out
+
+    def _settle_takings(self, committed: bool) -> None:
+        takings, self._takings = self._takings, []
+        for taking in takings:
+            try:
+                taking.settle(committed)
+            except Exception:  # one taker's failure must not keep the others waiting
+                logger.exception("settling a take of %s failed", taking.started.payload.request_id)
 
     def _ensure_topics(self, outputs: Outputs) -> None:
         missing = {t for t, _ in outputs if t.name not in self._known_topics}
@@ -247,26 +296,31 @@ class AdmissionProcessor:
             self._consumer.seek_to_committed()
             self._rebuild(owned)
             return 0
-        registry = self._registry_view.refresh()
-        outputs: Outputs = []
-        for record in records:
-            try:
-                env = decode(record.value)
-            except EventDecodeError as exc:
-                # Counted and logged; the record stays on the log for inspection.
-                self.rejected_records += 1
-                logger.warning("unreadable record %s/%s@%s: %s", record.topic, record.partition, record.offset, exc)
-                continue
-            outputs += self._decide(env, registry)
-        outputs += expire_overdue(book=self.book, now=datetime.now(timezone.utc))
-        if not records and not outputs:
-            return 0
         try:
+            registry = self._registry_view.refresh()
+            outputs: Outputs = []
+            for record in records:
+                try:
+                    env = decode(record.value)
+                except EventDecodeError as exc:
+                    # Counted and logged; the record stays on the log for inspection.
+                    self.rejected_records += 1
+                    logger.warning("unreadable record %s/%s@%s: %s", record.topic, record.partition, record.offset,
+                                   exc)
+                    continue
+                outputs += self._decide(env, registry)
+            outputs += expire_overdue(book=self.book, now=datetime.now(timezone.utc))
+            if not records and not outputs:
+                return 0
             self._ensure_topics(outputs)
-            self._consumer.commit_with(to_outputs(outputs))
+            # Taken work may write as soon as the commit is through, before (on Kafka) its
+            # markers make it visible: what it writes still follows its start on the log.
+            self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._settle_takings(True))
         except BaseException as exc:
             # The book already holds these decisions, and none of them was written (the unit
             # aborted): rebuild it from the ledger, and read the inputs again, before deciding.
+            # What was started for them leaves without a trace.
+            self._settle_takings(False)
             self.owned = None
             if not isinstance(exc, (Fenced, EventLogError)):
                 raise

@@ -109,7 +109,7 @@ class Loop:
 
 class Platform:
     def __init__(self, open_log: Callable[[], EventLog], runner: EngineRunner, settings: Settings,
-                 *, max_in_flight: int = 8, take_ahead: int | None = 0):
+                 *, max_in_flight: int = 8, take_ahead: int | None = 0, worker_admits: bool = False):
         self.open_log, self.runner, self.settings = open_log, runner, settings
         self.logs: list[EventLog] = []
         self.loops: list[Loop] = []
@@ -122,8 +122,12 @@ class Platform:
                             model_path=str(engine.config.model), engine_config_hash=engine.engine_config_hash(),
                             max_model_len=engine.config.max_model_len, actor="tests",
                             price_input_per_1k_micros=1000, price_output_per_1k_micros=2000)
-        self.start_admission()
-        self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead)
+        if worker_admits:  # admission hands what can start at once to the worker
+            self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead)
+            self.start_admission(taker=self.worker)
+        else:
+            self.start_admission()
+            self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead)
         self._start_api()
 
     def _log(self) -> EventLog:
@@ -131,9 +135,9 @@ class Platform:
         self.logs.append(log)
         return log
 
-    def start_admission(self) -> Loop:
+    def start_admission(self, taker=None) -> Loop:
         processor = AdmissionProcessor(self._log(), RegistryView(self._log()),
-                                       grace=timedelta(seconds=self.settings.grace_s))
+                                       grace=timedelta(seconds=self.settings.grace_s), taker=taker)
         self.admission = processor
         loop = Loop("admission", lambda: processor.run_once(0.05), processor.close).start()
         self.loops.append(loop)

@@ -1,6 +1,7 @@
 """`python -m workers`: the inference side of the `ledgerlm` command.
 
     python -m workers serve worker          run an interactive pool worker
+                                            (--admit: admission in the same process)
     python -m workers model make-tiny DIR   generate the small local model
     python -m workers model approve         approve the configured model under its alias
 """
@@ -62,6 +63,10 @@ def lower_session_priority(nice: int) -> bool:
 
 
 def serve_worker(settings: Settings, pool: str | None = None) -> int:
+    from datetime import timedelta
+
+    from pipelines.admin import RegistryView
+    from pipelines.admission import AdmissionProcessor
     from pipelines.bootstrap import open_log
     from workers.engine_runner import EngineRunner
     from workers.interactive import InteractiveWorker
@@ -79,10 +84,34 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000)
-        print(json.dumps({"worker": worker.worker_id, "ready": True}), flush=True)
+        admitting = None
+        if settings.worker_admits:
+            # Admission for the tenant partitions this member is given, on its own log
+            # handle and thread, handing what can start at once straight to the worker.
+            admission_log = open_log(settings, create_topics=False)
+            processor = AdmissionProcessor(admission_log, RegistryView(admission_log),
+                                           grace=timedelta(seconds=settings.grace_s), taker=worker,
+                                           member_id=f"{worker.worker_id}-admission")
+
+            def admit() -> None:
+                try:
+                    processor.run(stop)
+                except BaseException:  # the process goes down with it, for its supervisor to restart
+                    logging.getLogger(__name__).exception("admission stopped")
+                    stop.set()
+                    raise
+            admitting = threading.Thread(target=admit, name="admission", daemon=True)
+            admitting.start()
+        print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": admitting is not None}),
+              flush=True)
         try:
             worker.run(stop)
         finally:
+            stop.set()
+            if admitting is not None:
+                admitting.join(30)
+                processor.close()
+                admission_log.close()
             worker.close()
             cancel_log.close()
     finally:
@@ -97,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve")
     serve.add_argument("process", choices=["worker"])
     serve.add_argument("--pool", help="serve only this dedicated pool (default: the shared interactive pool)")
+    serve.add_argument("--admit", action="store_true",
+                       help="also run admission, taking work it can start at once in the same commit "
+                            "(the same as LEDGERLM_WORKER_ADMITS=1)")
     model = sub.add_parser("model").add_subparsers(dest="action", required=True)
     tiny = model.add_parser("make-tiny", help="generate the small deterministic local model")
     tiny.add_argument("directory", type=Path)
@@ -107,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
     settings = Settings()
     if args.verb == "serve":
+        if args.admit:
+            settings = settings.model_copy(update={"worker_admits": True})
         return serve_worker(settings, args.pool)
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model

@@ -116,6 +116,8 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
                         break
             await writer.drain(started_env)
         cancel_reason = stopped() or ("deadline" if finish_reason == "abort" else None)
+        if cancel_reason == "untaken":  # its take failed (`CancelWatch.untaken`): nothing of it is written
+            return 0
         if cancel_reason:
             terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
                                            input_tokens=req.input_tokens if ran else 0,

@@ -17,6 +17,10 @@ fails, that generation is aborted unwritten. Cancelled work and work whose deadl
 passed in the queue ends there without running; running work is aborted on
 `CancelRequested` and at its deadline. Token and terminal events go out through one
 `StreamWriter`, batched across generations, so a slow log never slows the engine.
+
+A worker can also be the `taker` of an admission processor in its process (`offer`):
+admitted work it can start at once (a free engine slot, nothing waiting in its queue, the
+tenant within its share) is taken in the admission's commit and never queued.
 """
 from __future__ import annotations
 
@@ -28,10 +32,12 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 
 from models import topics
+from models.topics import Topic
 from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings,
 )
+from pipelines.admission import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
 from pipelines.routing import Outputs, to_outputs
 from workers.cancel_watch import CancelWatch
@@ -252,18 +258,52 @@ class InteractiveWorker:
                     outputs += self._end_early(item, now)
                     continue
                 topic, _, _, env = item.value
-                req = env.payload.request
-                started = caused_by(env, GenerationStarted(
-                    request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
-                    queued_ms=_ms_since(env.payload.queued_at, now)))
+                started, priority = self._start_locked(env, now)
                 # Its stream copy follows the commit, through the stream writer: a
                 # transaction open on a stream partition would hold back other streams.
                 outputs += [(topics.OUTCOMES, started), (self._topics[topic], started)]
-                # vLLM's order for what waits inside it: class first, then the lighter tenant.
-                priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[item.tenant_id])
-                self._slots.started(item.tenant_id)
                 starting.append((item, started, priority))
         return starting
+
+    def _start_locked(self, queued: Envelope, now: datetime) -> tuple[Envelope, int]:
+        """The `GenerationStarted` of queued work and its engine priority; counts its slot."""
+        req = queued.payload.request
+        started = caused_by(queued, GenerationStarted(
+            request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
+            queued_ms=_ms_since(queued.payload.queued_at, now)))
+        # vLLM's order for what waits inside it: class first, then the lighter tenant.
+        priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[queued.tenant_id])
+        self._slots.started(queued.tenant_id)
+        return started, priority
+
+    def offer(self, queued: Envelope, work_topic: Topic) -> Taking | None:
+        """Admitted work from the admission processor in this process (its `Taker`).
+
+        Starts it now if it is this worker's pool, the engine has a slot free (never one
+        of the take-ahead slots: taken here, it must not wait), nothing waits in the queue
+        (that comes first) and the tenant is within its share; otherwise None, and it is
+        queued as usual. The engine starts at once; the generation writes nothing until the
+        admission's commit settles the take."""
+        if work_topic.name not in self._topics:
+            return None
+        req = queued.payload.request
+        with self._slots_lock:
+            if (len(self._queue) or sum(self._slots.in_flight.values()) >= self._slots.capacity
+                    or not self._slots.may_start(queued.tenant_id)):
+                return None
+            started, priority = self._start_locked(queued, datetime.now(timezone.utc))
+        item = Item(queued.tenant_id, req.priority, req.input_tokens + req.max_output_tokens,
+                    (work_topic.name, -1, -1, queued))
+        prompt = self._io.submit(fetch_prompt, self._log, req.prompt_ref)
+        taken: Future = Future()
+        self._cancels.in_flight[req.request_id] = ""
+        serving = self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken))
+
+        def settle(committed: bool) -> None:
+            taken.set_result(committed)
+            if not committed:
+                self._abandon([(item, started, priority)], [serving])
+        return Taking(started, settle)
 
     async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:

@@ -1,0 +1,152 @@
+"""Admission and a pool worker in one process: work that can start at once is admitted
+and taken in one commit and never queued; work that cannot waits on the work topic as
+usual; a commit that fails leaves the started generation without a trace. A fake engine
+stands in for vLLM; both event logs."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from models import topics
+from models.events import decode, new_event
+from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted
+from pipelines import admin
+from pipelines.admin import RegistryView
+from pipelines.admission import AdmissionProcessor
+from pipelines.eventlog import EventLogError
+from pipelines.routing import publish
+from tests.conftest import make_log_opener
+from tests.fake_engine import FakeEngine
+from tests.harness import wait_until
+from workers.engine_runner import EngineRunner
+from workers.interactive import InteractiveWorker
+
+REVISION = "fake@1"
+
+
+class Fused:
+    """An admission processor whose taker is a one-slot worker on a holding fake engine."""
+
+    def __init__(self, open_log):
+        self.runner = EngineRunner(FakeEngine(hold=True)).start()
+        self.engine = self.runner.engine
+        self.log, self.admission_log = open_log(), open_log()
+        self.worker = InteractiveWorker(self.log, self.runner, self.engine, max_in_flight=1, take_ahead=0,
+                                        worker_id=f"w-{uuid.uuid4().hex[:6]}")
+        view = RegistryView(self.admission_log)
+        admin.approve_model(view, alias="fake", model_revision=REVISION, model_path="/nowhere",
+                            engine_config_hash="fake", max_model_len=512, actor="tests")
+        self.tenant = "t" + uuid.uuid4().hex[:8]
+        admin.create_tenant(view, tenant_id=self.tenant, name=self.tenant, actor="tests")
+        self.admission = AdmissionProcessor(self.admission_log, view, grace=timedelta(seconds=5),
+                                            taker=self.worker, member_id=f"a-{uuid.uuid4().hex[:6]}")
+
+    def request(self, request_id: str) -> None:
+        [prompt] = publish(self.log, topics.PROMPTS, [new_event(PromptSubmitted(request_id=request_id, prompt="p"),
+                                                                tenant_id=self.tenant, correlation_id=request_id)])
+        req = GenerationRequested(
+            request_id=request_id, model_alias="fake", model_revision=REVISION, input_tokens=1,
+            input_sha256="0" * 64, max_output_tokens=4,
+            deadline_at=datetime.now(timezone.utc) + timedelta(seconds=300),
+            prompt_ref=Position(topic=prompt.topic, partition=prompt.partition, offset=prompt.offset))
+        publish(self.log, topics.REQUESTS, [new_event(req, tenant_id=self.tenant, correlation_id=request_id)])
+
+    def cancel(self, request_id: str) -> None:
+        publish(self.log, topics.REQUESTS, [new_event(CancelRequested(request_id=request_id, reason="client"),
+                                                      tenant_id=self.tenant, correlation_id=request_id)])
+
+    def run_until(self, condition, what: str, timeout_s: float = 90):
+        def step():
+            self.admission.run_once(0.02)
+            self.worker.run_once(0.02)
+            return condition()
+        return wait_until(step, timeout_s, interval_s=0, what=what)
+
+    def events(self, topic, request_id: str) -> list:
+        found = []
+        for partition in range(self.log.partitions(topic.name)):
+            offset = 0
+            while batch := self.log.read(topic.name, partition, offset, max_records=1000):
+                found += [env for r in batch if (env := decode(r.value)).correlation_id == request_id]
+                offset = batch[-1].offset + 1
+        return found
+
+    def types(self, topic, request_id: str) -> list[str]:
+        return [env.event_type for env in self.events(topic, request_id)]
+
+    def queued_anywhere(self, request_id: str) -> list[str]:
+        return [t.name for t in topics.pool_work_topics(None) if self.events(t, request_id)]
+
+    def close(self) -> None:
+        self.admission.close()
+        self.worker._cancels.stop()  # noqa: SLF001 - no orderly close: the fake engine holds its work
+        self.worker._consumer.close()  # noqa: SLF001
+        self.runner.close()
+        self.log.close()
+        self.admission_log.close()
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def fused(request, tmp_path):
+    plat = Fused(make_log_opener(request.param, tmp_path))
+    yield plat
+    plat.close()
+
+
+def test_work_that_can_start_at_once_is_taken_in_the_admissions_commit_and_never_queued(fused):
+    fused.request("now-1")
+    fused.run_until(lambda: fused.engine.started == ["now-1"], "the generation to start")
+    started = fused.run_until(lambda: [e for e in fused.events(topics.OUTCOMES, "now-1")
+                                       if e.event_type == "GenerationStarted"], "its start on the log")
+    assert [e.payload.worker_id for e in started] == [fused.worker.worker_id]
+    assert fused.types(topics.LEDGER, "now-1") == ["BudgetReserved", "GenerationAdmitted"]
+    assert fused.queued_anywhere("now-1") == [], "taken work never reaches a work topic"
+    assert fused.types(topics.STREAM, "now-1")[:1] == ["GenerationStarted"]
+
+    # It ends and settles as any other generation does.
+    fused.cancel("now-1")
+    fused.run_until(lambda: "UsageSettled" in fused.types(topics.LEDGER, "now-1"), "the settlement")
+    assert fused.types(topics.OUTCOMES, "now-1") == ["GenerationStarted", "GenerationCancelled"]
+
+
+def test_work_that_cannot_start_at_once_queues_and_is_taken_from_the_work_topic(fused):
+    fused.request("first")
+    fused.run_until(lambda: fused.engine.started == ["first"], "the first to take the only slot")
+    fused.request("second")
+    fused.run_until(lambda: fused.queued_anywhere("second"), "the second to queue")
+    assert fused.engine.started == ["first"]
+    fused.cancel("first")
+    fused.run_until(lambda: fused.engine.started == ["first", "second"], "the second to start from the queue")
+    for request_id in ("first", "second"):
+        assert fused.types(topics.OUTCOMES, request_id).count("GenerationStarted") == 1
+    assert fused.queued_anywhere("first") == []
+    [queued_on] = [t for t in topics.pool_work_topics(None) if fused.events(t, "second")]
+    assert [e.event_type for e in fused.events(queued_on, "second")] == ["GenerationQueued", "GenerationStarted"]
+
+
+def test_a_failed_admission_commit_abandons_the_started_generation_and_the_retry_serves_it_once(fused, monkeypatch):
+    consumer = fused.admission._consumer  # noqa: SLF001
+    real_commit, failures = consumer.commit_with, []
+
+    def failing_once(outputs, **kwargs):
+        if not failures:
+            failures.append(1)
+            # The engine runs it while the commit is under way; then the commit fails.
+            wait_until(lambda: fused.engine.started == ["retry-1"], 30, interval_s=0.005,
+                       what="the engine to start on it during the commit")
+            raise EventLogError("the log went away mid-commit")
+        return real_commit(outputs, **kwargs)
+    monkeypatch.setattr(consumer, "commit_with", failing_once)
+
+    fused.request("retry-1")
+    fused.run_until(lambda: failures, "the first attempt")
+    # Abandoned: out of the engine, its slot free again, nothing of it written.
+    assert fused.worker.in_flight == 0 and fused.engine.started == ["retry-1"]
+    fused.run_until(lambda: fused.engine.started == ["retry-1", "retry-1"], "the request, decided again, to start")
+    fused.run_until(lambda: "GenerationStarted" in fused.types(topics.OUTCOMES, "retry-1"), "its start on the log")
+    assert fused.types(topics.OUTCOMES, "retry-1") == ["GenerationStarted"]
+    assert fused.types(topics.LEDGER, "retry-1") == ["BudgetReserved", "GenerationAdmitted"]
+    assert fused.types(topics.STREAM, "retry-1") == ["GenerationStarted"]
+    assert fused.worker.in_flight == 1
