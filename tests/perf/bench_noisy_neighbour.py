@@ -236,14 +236,14 @@ def platform_under_test(args, runner, model: Path, home: Path):
         from tests.perf.deployed import deployed
 
         with deployed(args.log, model, home / "deployed", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
-                      stream_linger_ms=args.stream_linger_ms) as platform:
+                      stream_linger_ms=args.stream_linger_ms, worker_admits=args.worker_admits) as platform:
             yield platform.base_url, platform.log, platform.tenant
         return
     from tests.harness import Platform
 
     settings = Settings(home=home, grace_s=30.0, default_deadline_ms=300_000, stream_linger_ms=args.stream_linger_ms)
     platform = Platform(log_opener(args.log, home), runner, settings, max_in_flight=MAX_SEQS,
-                        take_ahead=args.take_ahead)
+                        take_ahead=args.take_ahead, worker_admits=args.worker_admits)
     try:
         yield platform.base_url, platform.admin_log, platform.tenant
         platform.check()
@@ -309,12 +309,15 @@ def record(rows: list[dict], command: str, args) -> None:
     record_run(SECTION, command,
                f"Tiny model, one vLLM engine (max_num_seqs {MAX_SEQS}, worker take-ahead {args.take_ahead}); "
                f"A keeps {FLOOD} requests of {A_TOKENS} tokens in flight, B sends one of {B_TOKENS} tokens every "
-               f"{args.every * 1000:.0f} ms for {args.seconds:.0f} s", table(rows), heading=f" ({args.log} log{', as processes' if args.processes else ', in one process'})")
+               f"{args.every * 1000:.0f} ms for {args.seconds:.0f} s", table(rows), heading=f" ({args.log} log{', as processes' if args.processes else ', in one process'}"
+                       f"{', admission in the worker' if args.worker_admits else ''})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
+    parser.add_argument("--worker-admits", action="store_true",
+                        help="the worker runs admission (`serve worker --admit`): no admission of its own")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--in-process", dest="processes", action="store_false",
                         help="run the platform's parts as threads of this process on the bench's engine, as the "

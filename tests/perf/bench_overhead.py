@@ -191,8 +191,9 @@ def through_processes(path: str, model: Path, home: Path, args) -> dict:
     own, configured as the direct one."""
     from tests.perf.deployed import deployed
 
-    with deployed(path, model, home / f"{path}-processes", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
-                  stream_linger_ms=args.stream_linger_ms) as platform:
+    log, _, admit = path.partition("+")
+    with deployed(log, model, home / f"{path}-processes", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
+                  stream_linger_ms=args.stream_linger_ms, worker_admits=bool(admit)) as platform:
         return measured_client(platform.base_url, *platform.tenant(), platform.log, args)
 
 
@@ -261,8 +262,9 @@ def run(args) -> dict[str, dict]:
                 rows[f"through the platform ({path} log)"] = through_platform(path, runner, home, args)
                 print(json.dumps(rows), flush=True)
             for path in args.process_paths:
-                rows[f"through the platform as processes ({path} log)"] = through_processes(
-                    path, config.model, home, args)
+                log, _, admit = path.partition("+")
+                name = f"through the platform as processes ({log} log{', admission in the worker' if admit else ''})"
+                rows[name] = through_processes(path, config.model, home, args)
                 print(json.dumps(rows), flush=True)
             with CpuMeter() as meter:
                 last = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
@@ -305,9 +307,11 @@ def main() -> None:
     parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
                         help="tiny: the engine costs almost nothing per token, so the platform's own cost "
                              "shows in full; small (~40M parameters): compute-bound batches, as with a real model")
-    parser.add_argument("--process-paths", nargs="*", choices=["embedded", "kafka"], default=[],
+    parser.add_argument("--process-paths", nargs="*", choices=["embedded", "kafka", "embedded+admit", "kafka+admit"],
+                        default=[],
                         help="also run the platform as separate processes (API, admission, worker with "
-                             "its own engine), as deployed, on these logs")
+                             "its own engine), as deployed, on these logs; +admit: the worker runs admission "
+                             "(`serve worker --admit`), so there is no admission process")
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)
@@ -318,7 +322,7 @@ def main() -> None:
     if args.client:
         print(json.dumps(asyncio.run(client(*args.client, args))))
         return
-    with bench_topics_cleared(*args.paths, *args.process_paths):
+    with bench_topics_cleared(*args.paths, *(p.partition("+")[0] for p in args.process_paths)):
         rows = run(args)
     print(table(rows))
     if not args.no_record:
