@@ -1,0 +1,49 @@
+"""`serve worker --admit` as deployed: the API and one worker process that also runs
+admission (no admission process at all). A request is admitted, taken in the same commit,
+streamed and settled; it never reaches a work topic. Both event logs, real vLLM."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from models import topics
+from tests.e2e.test_streaming import request_events, sse_frames
+from tests.harness import MODEL_ALIAS, wait_until
+from tests.perf.deployed import deployed
+
+
+@pytest.mark.parametrize("log_kind", ["embedded", "kafka"])
+def test_a_worker_that_admits_serves_without_an_admission_process(log_kind, tiny_model_dir, tmp_path, kafka_url):
+    with deployed(log_kind, tiny_model_dir, tmp_path / "deployed", max_seqs=4, take_ahead=4, stream_linger_ms=0,
+                  worker_admits=True) as platform:
+        ready = [json.loads(line) for line in (tmp_path / "deployed" / "worker.log").read_text().splitlines()
+                 if line.startswith("{") and '"ready"' in line]
+        assert ready and ready[0]["admits"] is True
+        assert not (tmp_path / "deployed" / "admission.log").exists(), "no admission process was started"
+        tenant_id, secret = platform.tenant()
+        body = {"model_alias": MODEL_ALIAS, "input": "one commit", "max_output_tokens": 8, "ignore_eos": True}
+        with httpx.Client(base_url=platform.base_url, timeout=120,
+                          headers={"Authorization": f"Bearer {secret}"}) as client:
+            # The API may see the new key a moment after it is issued.
+            response = wait_until(lambda: (r := client.post("/v1/generations", json={**body, "stream": False}))
+                                  .status_code != 401 and r, 30, what="the API to know the key")
+            assert response.status_code == 200, response.text
+            with client.stream("POST", "/v1/generations", json=body) as streamed:
+                assert streamed.status_code == 200
+                frames = [data for _, data in sse_frames(streamed)]
+        final = frames[-2]
+        assert frames[-1] == "[DONE]" and final["type"] == "completed"
+        assert final["usage"]["output_tokens"] == 8
+        request_id = final["request_id"]
+
+        def settled():
+            return [env for _, env in request_events(platform.log, request_id, topics.LEDGER)
+                    if env.event_type == "UsageSettled"]
+        [settlement] = wait_until(settled, 60, what="the settlement")
+        assert settlement.payload.output_tokens == 8 and settlement.payload.terminal_status == "completed"
+        assert [env.event_type for _, env in request_events(platform.log, request_id, topics.OUTCOMES)] == [
+            "GenerationStarted", "GenerationCompleted"]
+        for work in topics.pool_work_topics(None):
+            assert request_events(platform.log, request_id, work) == [], "taken at admission, never queued"
