@@ -79,7 +79,8 @@ def _events(log, topic, tenant_id: str, since: datetime):
 
 def b_breakdown(log, tenant_id: str, since: datetime) -> dict:
     """Where B's time went, from B's events on the log: request to first token written
-    (the rest of the client's TTFT is the API delivering it), and of that, the time queued
+    (the rest of the client's TTFT is the API delivering it), and of that, admission's
+    decision (queueing it, or with `--worker-admits` taking it at once) and the time queued
     for the worker (admission queueing it to the worker starting it)."""
     requested = {e.correlation_id: e.occurred_at for e in _events(log, topics.REQUESTS, tenant_id, since)
                  if e.event_type == "GenerationRequested"}
@@ -88,11 +89,13 @@ def b_breakdown(log, tenant_id: str, since: datetime) -> dict:
         if env.event_type == "TokensEmitted" and env.correlation_id not in first:
             first[env.correlation_id] = env.occurred_at
     on_log = [(first[r] - requested[r]).total_seconds() * 1000 for r in first if r in requested]
-    queued = [e.payload.queued_ms for e in _events(log, topics.OUTCOMES, tenant_id, since)
-              if e.event_type == "GenerationStarted"]
-    admitted = [(e.payload.queued_at - requested[e.correlation_id]).total_seconds() * 1000
-                for e in _events(log, topics.WORK_NORMAL, tenant_id, since)
-                if e.event_type == "GenerationQueued" and e.correlation_id in requested]
+    starts = [e for e in _events(log, topics.OUTCOMES, tenant_id, since) if e.event_type == "GenerationStarted"]
+    queued = [e.payload.queued_ms for e in starts]
+    decided = {e.correlation_id: e.payload.queued_at for e in _events(log, topics.WORK_NORMAL, tenant_id, since)
+               if e.event_type == "GenerationQueued"}
+    for e in starts:  # taken in admission's own commit (`--worker-admits`): never queued
+        decided.setdefault(e.correlation_id, e.occurred_at)
+    admitted = [(at - requested[r]).total_seconds() * 1000 for r, at in decided.items() if r in requested]
     engine = [e.payload.timings.ttft_ms for e in _events(log, topics.OUTCOMES, tenant_id, since)
               if e.event_type == "GenerationCompleted" and e.payload.timings.ttft_ms is not None]
     return {"b_first_token_on_log_p95_ms": percentile(on_log, 0.95), "b_admission_p95_ms": percentile(admitted, 0.95),
