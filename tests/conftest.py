@@ -57,15 +57,39 @@ def make_log_opener(kind: str, tmp_dir: Path):
     return isolated_log_opener(kind, tmp_dir, kafka_url=service_url("kafka") if kind == "kafka" else "")
 
 
-@pytest.fixture(scope="session", params=["embedded", "kafka"])
-def platform(request, engine_runner, tmp_path_factory):
-    """The whole platform on each event-log adapter, shared by the tests of a session."""
+@pytest.fixture(scope="session")
+def platforms(engine_runner, tmp_path_factory):
+    """`platforms(kind, admit=False)`: the whole platform on that event-log adapter, made on
+    first use and shared by the tests of a session. With `admit`, admission runs in the
+    worker's process (`serve worker --admit`)."""
     from tests.harness import Platform
 
-    home = tmp_path_factory.mktemp(f"platform-{request.param}")
-    opener = make_log_opener(request.param, home)
-    settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000)
-    plat = Platform(opener, engine_runner, settings)
-    plat.kind = request.param
-    yield plat
-    plat.close()
+    made: dict[tuple[str, bool], object] = {}
+
+    def get(kind: str, admit: bool = False):
+        if (kind, admit) not in made:
+            home = tmp_path_factory.mktemp(f"platform-{kind}{'-admit' if admit else ''}")
+            settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000)
+            plat = Platform(make_log_opener(kind, home), engine_runner, settings, worker_admits=admit)
+            plat.kind = kind
+            made[kind, admit] = plat
+        return made[kind, admit]
+    yield get
+    for plat in made.values():
+        plat.close()
+
+
+@pytest.fixture(scope="session", params=["embedded", "kafka"])
+def platform(request, platforms):
+    """The whole platform on each event-log adapter, shared by the tests of a session."""
+    return platforms(request.param)
+
+
+def with_admitting_platforms(module_globals: dict) -> None:
+    """Runs a module's `platform` tests on both deployments of each log: admission a process
+    of its own, and admission in the worker (`-admit` in the test id)."""
+    @pytest.fixture(scope="module", params=["embedded", "kafka", "embedded-admit", "kafka-admit"])
+    def platform(request, platforms):
+        kind, _, admit = request.param.partition("-")
+        return platforms(kind, admit=bool(admit))
+    module_globals["platform"] = platform
