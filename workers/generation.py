@@ -63,19 +63,27 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
 
     terminal = None
     committed = False
+    holding = False  # a delta came while the take was still committing
+    announced = False
 
     async def take_then_announce() -> bool:
+        nonlocal announced
         if await asyncio.wrap_future(taken):
-            writer.announce(started_env)  # before anything else of it can be queued
+            if not holding:  # one holding a delta announces with it, in the same append
+                writer.announce(started_env)  # before anything else of it can be queued
+                announced = True
             return True
         return False
 
-    announced = asyncio.ensure_future(take_then_announce())
+    take = asyncio.ensure_future(take_then_announce())
 
     async def may_write() -> bool:
-        nonlocal committed
+        nonlocal committed, announced
         if not committed:
-            committed = await announced
+            committed = await take
+            if committed and not announced:
+                writer.announce(started_env)
+                announced = True
         return committed
 
     try:
@@ -103,8 +111,10 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
             async with aclosing(engine.generate(engine_request)) as deltas:
                 async for delta in deltas:  # leaving early closes the stream, which aborts it
                     if delta.text or delta.new_tokens:
-                        if not committed and not await may_write():
-                            return 0  # leaving aborts the engine's request
+                        if not committed:
+                            holding = True
+                            if not await may_write():
+                                return 0  # leaving aborts the engine's request
                         if first_token_ms is None:
                             first_token_ms = int((time.monotonic() - t0) * 1000)
                         output_tokens += delta.new_tokens

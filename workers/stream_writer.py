@@ -52,8 +52,6 @@ class _Pending:
 
 
 class StreamWriter:
-    ANNOUNCE_STEPS = 2  # loop steps from a take's commit to its held delta being queued
-
     def __init__(self, log: EventLog, io: Executor | None = None, *, linger_s: float = 0.0, full_at: int = 1):
         self._log, self._io, self.linger_s, self.full_at = log, io, linger_s, max(1, full_at)
         self._pending: dict[str, _Pending] = {}
@@ -137,12 +135,6 @@ class StreamWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
-            if any(e.announce and not e.tokens for e in self._pending.values()):
-                # A take just committed, and its generation may hold a first delta the
-                # engine gave while the commit was under way; it queues it on its next
-                # step. Let it, so the start and the first tokens share one append.
-                for _ in range(self.ANNOUNCE_STEPS):
-                    await asyncio.sleep(0)
             batch = self._due()
             if not batch:  # everything lingers: until the oldest is due, or something is urgent
                 self._urgent.clear()

@@ -232,22 +232,3 @@ def test_the_start_goes_first_at_once_and_the_first_tokens_still_do_not_linger()
     assert [type(e.payload) for e in log.on(topics.STREAM)] == [GenerationStarted, TokensEmitted, GenerationFailed]
     assert log.on(topics.STREAM)[1].payload.seq == 0
 
-
-def test_a_delta_held_through_the_take_shares_the_starts_append():
-    log = RecordingLog()
-
-    async def main():
-        writer = StreamWriter(log, linger_s=5.0)
-        start = started("r")
-
-        async def take_then_announce() -> bool:  # as `serve_generation` chains them
-            writer.announce(start)
-            return True
-        # The engine's first delta waited for the take; it is queued a step after the commit.
-        if await asyncio.ensure_future(take_then_announce()):
-            writer.tokens(start, "held", 1)
-        await writer.finish(start, ending(start))
-
-    asyncio.run(main())
-    stream_appends = [[type(e.payload) for e in envs] for name, envs in log.appends if name == topics.STREAM.name]
-    assert stream_appends[0][:2] == [GenerationStarted, TokensEmitted], stream_appends
