@@ -85,11 +85,12 @@ def platform(request, platforms):
     return platforms(request.param)
 
 
-def with_admitting_platforms(module_globals: dict) -> None:
-    """Runs a module's `platform` tests on both deployments of each log: admission a process
-    of its own, and admission in the worker (`-admit` in the test id)."""
+def platform_both_ways():
+    """A module's `platform` fixture (`platform = platform_both_ways()`) that runs its tests
+    on both deployments of each log: admission a process of its own, and admission in the
+    worker (`-admit` in the test id)."""
     @pytest.fixture(scope="module", params=["embedded", "kafka", "embedded-admit", "kafka-admit"])
     def platform(request, platforms):
         kind, _, admit = request.param.partition("-")
         return platforms(kind, admit=bool(admit))
-    module_globals["platform"] = platform
+    return platform

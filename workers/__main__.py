@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from models.settings import Settings
 
@@ -62,11 +63,39 @@ def lower_session_priority(nice: int) -> bool:
     return False
 
 
-def serve_worker(settings: Settings, pool: str | None = None) -> int:
+def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[[], None]:
+    """Runs admission on a thread of this process, on its own log handle, handing what can
+    start at once straight to `worker` (`serve worker --admit`); returns how to close it
+    once `stop` is set. If admission fails, it sets `stop`: the process goes down with it,
+    for its supervisor to restart."""
     from datetime import timedelta
 
     from pipelines.admin import RegistryView
     from pipelines.admission import AdmissionProcessor
+    from pipelines.bootstrap import open_log
+
+    log = open_log(settings, create_topics=False)
+    processor = AdmissionProcessor(log, RegistryView(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
+                                   member_id=f"{worker.worker_id}-admission")
+
+    def admit() -> None:
+        try:
+            processor.run(stop)
+        except BaseException:
+            logging.getLogger(__name__).exception("admission stopped")
+            stop.set()
+            raise
+    thread = threading.Thread(target=admit, name="admission", daemon=True)
+    thread.start()
+
+    def close() -> None:
+        thread.join(30)
+        processor.close()
+        log.close()
+    return close
+
+
+def serve_worker(settings: Settings, pool: str | None = None) -> int:
     from pipelines.bootstrap import open_log
     from workers.engine_runner import EngineRunner
     from workers.interactive import InteractiveWorker
@@ -84,34 +113,15 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000)
-        admitting = None
-        if settings.worker_admits:
-            # Admission for the tenant partitions this member is given, on its own log
-            # handle and thread, handing what can start at once straight to the worker.
-            admission_log = open_log(settings, create_topics=False)
-            processor = AdmissionProcessor(admission_log, RegistryView(admission_log),
-                                           grace=timedelta(seconds=settings.grace_s), taker=worker,
-                                           member_id=f"{worker.worker_id}-admission")
-
-            def admit() -> None:
-                try:
-                    processor.run(stop)
-                except BaseException:  # the process goes down with it, for its supervisor to restart
-                    logging.getLogger(__name__).exception("admission stopped")
-                    stop.set()
-                    raise
-            admitting = threading.Thread(target=admit, name="admission", daemon=True)
-            admitting.start()
-        print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": admitting is not None}),
+        close_admission = admit_beside(worker, settings, stop) if settings.worker_admits else None
+        print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": close_admission is not None}),
               flush=True)
         try:
             worker.run(stop)
         finally:
             stop.set()
-            if admitting is not None:
-                admitting.join(30)
-                processor.close()
-                admission_log.close()
+            if close_admission is not None:
+                close_admission()
             worker.close()
             cancel_log.close()
     finally:

@@ -159,6 +159,11 @@ class Headroom:
         others = [t for t, at in self._last_seen.items() if t != tenant_id and now - at <= self.recent_s]
         return not others or self.in_flight[tenant_id] < self.capacity // (len(others) + 1)
 
+    def may_run_at_once(self, tenant_id: str) -> bool:
+        """`may_start`, in a slot inside the engine's capacity: work started now runs at
+        once instead of waiting in a take-ahead slot."""
+        return sum(self.in_flight.values()) < self.capacity and self.may_start(tenant_id)
+
     def started(self, tenant_id: str) -> None:
         self.in_flight[tenant_id] += 1
         self.seen(tenant_id)

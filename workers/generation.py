@@ -125,9 +125,9 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
                     elif stopped():
                         break
             await writer.drain(started_env)
-        cancel_reason = stopped() or ("deadline" if finish_reason == "abort" else None)
-        if cancel_reason == "untaken":  # its take failed (`CancelWatch.untaken`): nothing of it is written
+        if not await may_write():  # its take failed: nothing of it is written
             return 0
+        cancel_reason = stopped() or ("deadline" if finish_reason == "abort" else None)
         if cancel_reason:
             terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
                                            input_tokens=req.input_tokens if ran else 0,

@@ -32,11 +32,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 
 from models import topics
-from models.topics import Topic
 from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings,
 )
+from models.topics import Topic
 from pipelines.admission import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
 from pipelines.routing import Outputs, to_outputs
@@ -141,18 +141,12 @@ class InteractiveWorker:
             outputs += self._sweep(now)
         starting = self._choose(now, outputs)
         offsets = self._positions.commit_offsets()
-        # The prompts are read while the take commits: a read is harmless if it fails.
-        prompts = [self._io.submit(fetch_prompt, self._log, item.value[3].payload.request.prompt_ref)
-                   for item, _, _ in starting]
         if not outputs and offsets == self._committed:
             return 0
         # The engine starts on them while the take commits (on Kafka, a transaction of a
         # few round trips); they write nothing until it has.
         taken: Future = Future()
-        serving = []
-        for (item, started, priority), prompt in zip(starting, prompts):
-            self._cancels.in_flight[started.payload.request_id] = ""
-            serving.append(self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken)))
+        serving = [self._launch(item, started, priority, taken) for item, started, priority in starting]
 
         def committed() -> None:
             # Before the commit is visible to new readers (on Kafka, its markers): what the
@@ -288,22 +282,26 @@ class InteractiveWorker:
             return None
         req = queued.payload.request
         with self._slots_lock:
-            if (len(self._queue) or sum(self._slots.in_flight.values()) >= self._slots.capacity
-                    or not self._slots.may_start(queued.tenant_id)):
+            if len(self._queue) or not self._slots.may_run_at_once(queued.tenant_id):
                 return None
             started, priority = self._start_locked(queued, datetime.now(timezone.utc))
         item = Item(queued.tenant_id, req.priority, req.input_tokens + req.max_output_tokens,
                     (work_topic.name, -1, -1, queued))
-        prompt = self._io.submit(fetch_prompt, self._log, req.prompt_ref)
         taken: Future = Future()
-        self._cancels.in_flight[req.request_id] = ""
-        serving = self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken))
+        serving = self._launch(item, started, priority, taken)
 
         def settle(committed: bool) -> None:
             taken.set_result(committed)
             if not committed:
                 self._abandon([(item, started, priority)], [serving])
         return Taking(started, settle)
+
+    def _launch(self, item: Item, started: Envelope, priority: int, taken: Future) -> Future:
+        """Starts taken work on the engine, its prompt read meanwhile (a read is harmless if
+        the take fails); it writes nothing until `taken` resolves True."""
+        prompt = self._io.submit(fetch_prompt, self._log, item.value[3].payload.request.prompt_ref)
+        self._cancels.in_flight[started.payload.request_id] = ""
+        return self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken))
 
     async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from models import topics
-from models.events import decode, new_event
+from models.events import new_event
 from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted
 from pipelines import admin
 from pipelines.admin import RegistryView
@@ -18,6 +18,7 @@ from pipelines.admission import AdmissionProcessor
 from pipelines.eventlog import EventLogError
 from pipelines.routing import publish
 from tests.conftest import make_log_opener
+from tests.e2e.test_streaming import request_events
 from tests.fake_engine import FakeEngine
 from tests.harness import wait_until
 from workers.engine_runner import EngineRunner
@@ -65,13 +66,7 @@ class Fused:
         return wait_until(step, timeout_s, interval_s=0, what=what)
 
     def events(self, topic, request_id: str) -> list:
-        found = []
-        for partition in range(self.log.partitions(topic.name)):
-            offset = 0
-            while batch := self.log.read(topic.name, partition, offset, max_records=1000):
-                found += [env for r in batch if (env := decode(r.value)).correlation_id == request_id]
-                offset = batch[-1].offset + 1
-        return found
+        return [env for _, env in request_events(self.log, request_id, topic)]
 
     def types(self, topic, request_id: str) -> list[str]:
         return [env.event_type for env in self.events(topic, request_id)]

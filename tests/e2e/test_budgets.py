@@ -12,9 +12,9 @@ from models.events import decode
 from pipelines import admin
 from pipelines.tokencount import TokenCounter
 from tests.harness import MODEL_ALIAS, wait_until
-from tests.conftest import with_admitting_platforms
+from tests.conftest import platform_both_ways
 
-with_admitting_platforms(globals())  # each test also runs with admission in the worker
+platform = platform_both_ways()  # each test also runs with admission in the worker
 
 PROMPT = "hi"
 OUTPUT_TOKENS = 2

@@ -11,9 +11,9 @@ from models import topics
 from tests.e2e.test_cancel import tenant_events
 from tests.e2e.test_streaming import sse_frames
 from tests.harness import MODEL_ALIAS, wait_until
-from tests.conftest import with_admitting_platforms
+from tests.conftest import platform_both_ways
 
-with_admitting_platforms(globals())  # each test also runs with admission in the worker
+platform = platform_both_ways()  # each test also runs with admission in the worker
 
 BODY = {"model_alias": MODEL_ALIAS, "input": "the same question", "max_output_tokens": 24, "ignore_eos": True}
 

@@ -7,9 +7,9 @@ import pytest
 from openai import OpenAI
 
 from tests.harness import MODEL_ALIAS, wait_until
-from tests.conftest import with_admitting_platforms
+from tests.conftest import platform_both_ways
 
-with_admitting_platforms(globals())  # each test also runs with admission in the worker
+platform = platform_both_ways()  # each test also runs with admission in the worker
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
 

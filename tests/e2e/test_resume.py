@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from tests.e2e.test_streaming import sse_frames
 from tests.harness import MODEL_ALIAS
-from tests.conftest import with_admitting_platforms
+from tests.conftest import platform_both_ways
 
-with_admitting_platforms(globals())  # each test also runs with admission in the worker
+platform = platform_both_ways()  # each test also runs with admission in the worker
 
 BODY = {"model_alias": MODEL_ALIAS, "input": "a story in many words", "max_output_tokens": 300, "ignore_eos": True}
 

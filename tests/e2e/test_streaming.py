@@ -7,9 +7,9 @@ import json
 from models import topics
 from models.events import decode
 from tests.harness import MODEL_ALIAS, wait_until
-from tests.conftest import with_admitting_platforms
+from tests.conftest import platform_both_ways
 
-with_admitting_platforms(globals())  # each test also runs with admission in the worker
+platform = platform_both_ways()  # each test also runs with admission in the worker
 
 
 def sse_frames(response):

@@ -212,27 +212,37 @@ def breakdown(log, tenant_id: str, until: float) -> dict:
     request to admission's decision, decision to a worker starting it, start to the first
     token event. The rest of the TTFT is the API (in and out) and the hub."""
     from models import topics
+
+    stamps = first_stamps(log, tenant_id, (topics.REQUESTS, topics.LEDGER, topics.OUTCOMES, topics.STREAM))
+    hops = {"admission_ms": ("requests:GenerationRequested", "ledger:BudgetReserved"),
+            "to_worker_ms": ("ledger:BudgetReserved", "outcomes:GenerationStarted"),
+            "worker_to_first_token_ms": ("outcomes:GenerationStarted", "stream:TokensEmitted")}
+    sequential = [s for s in stamps.values() if s.get("GenerationRequested", 0) < until * 1000]
+    return {name: percentile([s[b] - s[a] for s in sequential if a in s and b in s], 0.5)
+            for name, (a, b) in hops.items()}
+
+
+def first_stamps(log, tenant_id: str, topic_list) -> dict[str, dict[str, int]]:
+    """The record stamp (ms) of the first event of each kind on each topic, by request:
+    `{correlation_id: {"ledger:BudgetReserved": ms, ...}}`. Topics keyed by tenant are read
+    in the tenant's partition only, the others whole."""
     from models.events import decode
     from pipelines.eventlog import partition_for
 
-    stamps: dict[str, dict[str, int]] = {}
-    for topic in (topics.REQUESTS, topics.LEDGER, topics.OUTCOMES, topics.STREAM):
-        partitions = range(log.partitions(topic.name)) if topic is topics.STREAM else \
-            [partition_for(tenant_id, log.partitions(topic.name))]
+    found: dict[str, dict[str, int]] = {}
+    for topic in topic_list:
+        count = log.partitions(topic.name)
+        partitions = [partition_for(tenant_id, count)] if topic.keyed_by == "tenant" else range(count)
         for partition in partitions:
             offset = 0
             while batch := log.read(topic.name, partition, offset, max_records=5000):
                 for record in batch:
                     env = decode(record.value)
                     if env.tenant_id == tenant_id:
-                        stamps.setdefault(env.correlation_id, {}).setdefault(env.event_type, record.timestamp_ms)
+                        name = f"{topic.name.rsplit('.', 1)[-1]}:{env.event_type}"
+                        found.setdefault(env.correlation_id, {}).setdefault(name, record.timestamp_ms)
                 offset = batch[-1].offset + 1
-    hops = {"admission_ms": ("GenerationRequested", "BudgetReserved"),
-            "to_worker_ms": ("BudgetReserved", "GenerationStarted"),
-            "worker_to_first_token_ms": ("GenerationStarted", "TokensEmitted")}
-    sequential = [s for s in stamps.values() if s.get("GenerationRequested", 0) < until * 1000]
-    return {name: percentile([s[b] - s[a] for s in sequential if a in s and b in s], 0.5)
-            for name, (a, b) in hops.items()}
+    return found
 
 
 def client_args(args) -> list[str]:

@@ -23,11 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import httpx  # noqa: E402
 
 from models import topics  # noqa: E402
-from models.events import decode  # noqa: E402
-from pipelines.eventlog import partition_for  # noqa: E402
 from tests.harness import MODEL_ALIAS  # noqa: E402
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
-from tests.perf.bench_overhead import percentile  # noqa: E402
+from tests.perf.bench_overhead import first_stamps, percentile  # noqa: E402
 from tests.perf.deployed import deployed  # noqa: E402
 
 MARKS = ["client sends", "prompts:PromptSubmitted", "requests:GenerationRequested", "ledger:BudgetReserved",
@@ -46,24 +44,6 @@ def first_tokens(client: httpx.Client, i: int) -> tuple[str, float, float]:
     return request_id, sent, first
 
 
-def stamps(log, tenant_id: str) -> dict[str, dict[str, int]]:
-    found: dict[str, dict[str, int]] = {}
-    for topic in (topics.PROMPTS, topics.REQUESTS, topics.LEDGER, topics.STREAM):
-        keyed = topic in (topics.REQUESTS, topics.LEDGER)
-        partitions = [partition_for(tenant_id, log.partitions(topic.name))] if keyed else \
-            range(log.partitions(topic.name))
-        for partition in partitions:
-            offset = 0
-            while batch := log.read(topic.name, partition, offset, max_records=5000):
-                for record in batch:
-                    env = decode(record.value)
-                    if env.tenant_id == tenant_id:
-                        name = f"{topic.name.rsplit('.', 1)[-1]}:{env.event_type}"
-                        found.setdefault(env.correlation_id, {}).setdefault(name, record.timestamp_ms)
-                offset = batch[-1].offset + 1
-    return found
-
-
 def measure(path: str, model: Path, home: Path, requests: int) -> dict[str, float]:
     log_kind, _, admit = path.partition("+")
     with deployed(log_kind, model, home / path, max_seqs=8, take_ahead=8, stream_linger_ms=40,
@@ -80,7 +60,8 @@ def measure(path: str, model: Path, home: Path, requests: int) -> dict[str, floa
             for i in range(requests):
                 marks.append(first_tokens(c, i))
                 time.sleep(0.05)
-        by_request = stamps(platform.log, tenant_id)
+        by_request = first_stamps(platform.log, tenant_id,
+                                  (topics.PROMPTS, topics.REQUESTS, topics.LEDGER, topics.STREAM))
     segments: dict[str, list[float]] = {f"{a} -> {b}": [] for a, b in zip(MARKS, MARKS[1:])}
     for request_id, sent, first in marks:
         times = {"client sends": sent, **by_request.get(request_id, {}), "client gets first tokens": first}
