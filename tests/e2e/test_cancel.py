@@ -17,9 +17,6 @@ from models.events import decode
 from pipelines.eventlog import partition_for
 from tests.e2e.test_streaming import sse_frames
 from tests.harness import MODEL_ALIAS, wait_until
-from tests.conftest import platform_both_ways
-
-platform = platform_both_ways()  # each test also runs with admission in the worker
 
 LONG = {"model_alias": MODEL_ALIAS, "input": "tell me a long story", "max_output_tokens": 480, "ignore_eos": True}
 
