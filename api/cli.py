@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     if args.verb == "serve":
+        settings.apply_to_process()
         serve = {"api": _serve_api, "admission": _serve_admission, **SERVE_HANDLERS}
         return serve[args.process](settings, args)
     return handlers[args.verb](settings, args)

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "serve":
         if args.admit:
             settings = settings.model_copy(update={"worker_admits": True})
+        settings.apply_to_process()
         return serve_worker(settings, args.pool)
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model

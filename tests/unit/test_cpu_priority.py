@@ -1,5 +1,6 @@
 """The engine's processes run below the platform's threads: every thread of them gets the
-added nice value, and a worker leading its own session lowers its scheduling group."""
+added nice value, and a worker leading its own session lowers its scheduling group. The
+serving processes shorten their interpreter's thread switch interval."""
 from __future__ import annotations
 
 import json
@@ -89,3 +90,46 @@ def test_a_worker_sharing_its_session_leaves_the_group_alone():
     result = probe(7, own_session=False)
     assert result["lowered"] is False
     assert result["group"] == before  # the session it shares is the test's own
+
+
+@pytest.fixture
+def switch_interval():
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_every_serving_process_sets_the_configured_switch_interval(monkeypatch, switch_interval):
+    import api.cli
+    import workers.__main__ as worker_main
+
+    seen = {}
+
+    def record(name):
+        def serve(*_args, **_kwargs):
+            seen[name] = sys.getswitchinterval()
+            sys.setswitchinterval(0.005)
+            return 0
+        return serve
+
+    monkeypatch.setenv("LEDGERLM_SWITCH_INTERVAL_MS", "2.5")
+    monkeypatch.setattr(api.cli, "_serve_api", record("api"))
+    monkeypatch.setattr(api.cli, "_serve_admission", record("admission"))
+    monkeypatch.setattr(worker_main, "serve_worker", record("worker"))
+    sys.setswitchinterval(0.005)
+    assert api.cli.main(["serve", "api"]) == 0
+    assert api.cli.main(["serve", "admission"]) == 0
+    assert worker_main.main(["serve", "worker"]) == 0
+    assert seen == {"api": pytest.approx(0.0025), "admission": pytest.approx(0.0025),
+                    "worker": pytest.approx(0.0025)}
+
+
+def test_the_switch_interval_defaults_to_one_millisecond_and_must_be_positive(monkeypatch):
+    from pydantic import ValidationError
+
+    from models.settings import Settings
+
+    monkeypatch.delenv("LEDGERLM_SWITCH_INTERVAL_MS", raising=False)
+    assert Settings().switch_interval_ms == 1.0
+    with pytest.raises(ValidationError):
+        Settings(switch_interval_ms=0)
