@@ -19,8 +19,8 @@ passed in the queue ends there without running; running work is aborted on
 `StreamWriter`, batched across generations, so a slow log never slows the engine.
 
 A worker can also be the `taker` of an admission processor in its process (`offer`):
-admitted work it can start at once (a free engine slot, nothing waiting in its queue, the
-tenant within its share) is taken in the admission's commit and never queued.
+admitted work it can start at once (a free engine slot, the tenant within its share, and
+nothing queued that would come first) is taken in the admission's commit and never queued.
 """
 from __future__ import annotations
 
@@ -198,8 +198,8 @@ class InteractiveWorker:
                         (record.topic, record.partition, record.offset, env))
             self._items[request_id] = item
             self._positions.hold((record.topic, record.partition), record.offset)
-            self._queue.push(item)
-            with self._slots_lock:
+            with self._slots_lock:  # `offer` looks at the queue from admission's thread
+                self._queue.push(item)
                 self._slots.seen(env.tenant_id)
         elif (item := self._items.pop(getattr(p, "request_id", ""), None)) is not None:
             # Someone (a previous owner of this partition) took it already.
@@ -274,15 +274,15 @@ class InteractiveWorker:
         """Admitted work from the admission processor in this process (its `Taker`).
 
         Starts it now if it is this worker's pool, the engine has a slot free (never one
-        of the take-ahead slots: taken here, it must not wait), nothing waits in the queue
-        (that comes first) and the tenant is within its share; otherwise None, and it is
+        of the take-ahead slots: taken here, it must not wait), the tenant is within its
+        share and no queued work comes first; otherwise None, and it is
         queued as usual. The engine starts at once; the generation writes nothing until the
         admission's commit settles the take."""
         if work_topic.name not in self._topics:
             return None
         req = queued.payload.request
         with self._slots_lock:
-            if len(self._queue) or not self._slots.may_run_at_once(queued.tenant_id):
+            if not self._slots.may_run_at_once(queued.tenant_id) or self._queued_goes_first(queued.tenant_id):
                 return None
             started, priority = self._start_locked(queued, datetime.now(timezone.utc))
         item = Item(queued.tenant_id, req.priority, req.input_tokens + req.max_output_tokens,
@@ -295,6 +295,14 @@ class InteractiveWorker:
             if not committed:
                 self._abandon([(item, started, priority)], [serving])
         return Taking(started, settle)
+
+    def _queued_goes_first(self, tenant_id: str) -> bool:
+        """Whether queued work comes before work offered now for `tenant_id`: the tenant's
+        own (its order holds), or any the worker may start in the slot (first come). Work
+        of tenants over their share waits either way, so under a heavy tenant's flood a
+        light tenant's request is still taken at once. Holds `_slots_lock`."""
+        waiting = self._queue.queued_tenants()
+        return tenant_id in waiting or any(self._slots.may_start(t) for t in waiting)
 
     def _launch(self, item: Item, started: Envelope, priority: int, taken: Future) -> Future:
         """Starts taken work on the engine, its prompt read meanwhile (a read is harmless if

@@ -28,35 +28,38 @@ REVISION = "fake@1"
 
 
 class Fused:
-    """An admission processor whose taker is a one-slot worker on a holding fake engine."""
+    """An admission processor whose taker is a worker with `slots` engine slots on a holding
+    fake engine; two tenants."""
 
-    def __init__(self, open_log):
+    def __init__(self, open_log, slots: int = 1):
         self.runner = EngineRunner(FakeEngine(hold=True)).start()
         self.engine = self.runner.engine
         self.log, self.admission_log = open_log(), open_log()
-        self.worker = InteractiveWorker(self.log, self.runner, self.engine, max_in_flight=1, take_ahead=0,
+        self.worker = InteractiveWorker(self.log, self.runner, self.engine, max_in_flight=slots, take_ahead=0,
                                         worker_id=f"w-{uuid.uuid4().hex[:6]}")
         view = RegistryView(self.admission_log)
         admin.approve_model(view, alias="fake", model_revision=REVISION, model_path="/nowhere",
                             engine_config_hash="fake", max_model_len=512, actor="tests")
-        self.tenant = "t" + uuid.uuid4().hex[:8]
-        admin.create_tenant(view, tenant_id=self.tenant, name=self.tenant, actor="tests")
+        self.tenant, self.other = ("t" + uuid.uuid4().hex[:8] for _ in range(2))
+        for tenant in (self.tenant, self.other):
+            admin.create_tenant(view, tenant_id=tenant, name=tenant, actor="tests")
         self.admission = AdmissionProcessor(self.admission_log, view, grace=timedelta(seconds=5),
                                             taker=self.worker, member_id=f"a-{uuid.uuid4().hex[:6]}")
 
-    def request(self, request_id: str) -> None:
+    def request(self, request_id: str, tenant: str | None = None) -> None:
+        tenant = tenant or self.tenant
         [prompt] = publish(self.log, topics.PROMPTS, [new_event(PromptSubmitted(request_id=request_id, prompt="p"),
-                                                                tenant_id=self.tenant, correlation_id=request_id)])
+                                                                tenant_id=tenant, correlation_id=request_id)])
         req = GenerationRequested(
             request_id=request_id, model_alias="fake", model_revision=REVISION, input_tokens=1,
             input_sha256="0" * 64, max_output_tokens=4,
             deadline_at=datetime.now(timezone.utc) + timedelta(seconds=300),
             prompt_ref=Position(topic=prompt.topic, partition=prompt.partition, offset=prompt.offset))
-        publish(self.log, topics.REQUESTS, [new_event(req, tenant_id=self.tenant, correlation_id=request_id)])
+        publish(self.log, topics.REQUESTS, [new_event(req, tenant_id=tenant, correlation_id=request_id)])
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: str, tenant: str | None = None) -> None:
         publish(self.log, topics.REQUESTS, [new_event(CancelRequested(request_id=request_id, reason="client"),
-                                                      tenant_id=self.tenant, correlation_id=request_id)])
+                                                      tenant_id=tenant or self.tenant, correlation_id=request_id)])
 
     def run_until(self, condition, what: str, timeout_s: float = 90):
         def step():
@@ -84,8 +87,20 @@ class Fused:
 
 
 @pytest.fixture(params=["embedded", "kafka"])
-def fused(request, tmp_path):
-    plat = Fused(make_log_opener(request.param, tmp_path))
+def log_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def fused(log_kind, tmp_path):
+    plat = Fused(make_log_opener(log_kind, tmp_path))
+    yield plat
+    plat.close()
+
+
+@pytest.fixture
+def fused4(log_kind, tmp_path):
+    plat = Fused(make_log_opener(log_kind, tmp_path), slots=4)
     yield plat
     plat.close()
 
@@ -119,6 +134,28 @@ def test_work_that_cannot_start_at_once_queues_and_is_taken_from_the_work_topic(
     assert fused.queued_anywhere("first") == []
     [queued_on] = [t for t in topics.pool_work_topics(None) if fused.events(t, "second")]
     assert [e.event_type for e in fused.events(queued_on, "second")] == ["GenerationQueued", "GenerationStarted"]
+
+
+def test_a_light_tenant_is_taken_at_once_while_only_a_heavy_tenants_work_waits(fused4):
+    heavy, light = fused4.tenant, fused4.other
+    fused4.request("light-1", light)
+    fused4.run_until(lambda: fused4.engine.started == ["light-1"], "the light tenant's first request to start")
+    fused4.cancel("light-1", light)
+    fused4.run_until(lambda: "GenerationCancelled" in fused4.types(topics.OUTCOMES, "light-1"), "it to end")
+    for n in range(4):
+        fused4.request(f"heavy-{n}", heavy)
+    # Three start at once; the fourth would take the last slot while the light tenant was
+    # active recently and the heavy one is over its share: it waits in the worker's queue.
+    fused4.run_until(lambda: fused4.queued_anywhere("heavy-3") and fused4.worker.queued == 1
+                     and len(fused4.engine.started) == 4,
+                     "three to start and the heavy tenant's fourth request to wait in the worker's queue")
+    assert sorted(fused4.engine.started) == ["heavy-0", "heavy-1", "heavy-2", "light-1"]
+
+    fused4.request("light-2", light)
+    fused4.run_until(lambda: "light-2" in fused4.engine.started, "the light tenant's second request to start")
+    fused4.run_until(lambda: "GenerationStarted" in fused4.types(topics.OUTCOMES, "light-2"), "its start on the log")
+    assert fused4.queued_anywhere("light-2") == [], "taken in admission's commit, past the heavy tenant's queued work"
+    assert fused4.worker.queued == 1 and "heavy-3" not in fused4.engine.started
 
 
 def test_a_failed_admission_commit_abandons_the_started_generation_and_the_retry_serves_it_once(fused, monkeypatch):
