@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 PRIORITY = {"high": 0, "normal": 1, "batch": 2}  # vLLM runs lower values sooner
 
 
-def fetch_prompt(log: EventLog, ref) -> str:
-    records = log.read(ref.topic, ref.partition, ref.offset, max_records=1)
+def fetch_prompt(log: EventLog, ref, wait_s: float = 10.0) -> str:
+    # The prompt was appended before its request: a read with a wait of its own fetches it
+    # at once, without asking first whether it is there (`EventLog.read`).
+    records = log.read(ref.topic, ref.partition, ref.offset, max_records=1, timeout_s=wait_s)
     if not records or records[0].offset != ref.offset:
         raise LookupError(f"prompt at {ref.topic}/{ref.partition}@{ref.offset} is gone")
     payload = decode(records[0].value).payload

@@ -146,17 +146,23 @@ class KafkaEventLog(EventLog):
         deadline = start + max(0.0, timeout_s)
         with self._read_lock:
             reader = self._reader_for(tp)
-            end = self._end(reader, tp)
-            if end > offset:
-                # Committed records are there; a fetch round trip may take longer than the caller's wait.
-                deadline = max(deadline, start + self._timeout_s)
+            # Without a wait of the caller's, whether committed records are there decides
+            # whether to wait for a fetch. With one, the fetch goes first: a record known to
+            # be there (a prompt, say) costs one round trip, not two.
+            end = self._end(reader, tp) if timeout_s <= 0 else None
             reader.seek(tp, offset)
             while True:
+                if end is not None and end > offset:
+                    # Committed records are there; a fetch round trip may take longer than the caller's wait.
+                    deadline = max(deadline, start + self._timeout_s)
                 # Short slices: a poll over only aborted records would otherwise sit out the whole wait.
                 left_s = max(0.0, min(deadline - time.monotonic(), 0.2))
                 batch = reader.poll(timeout_ms=int(left_s * 1000), max_records=max_records).get(tp, [])
                 if batch:
                     return [to_record(r) for r in batch]
+                if end is None:
+                    end = self._end(reader, tp)
+                    continue
                 if time.monotonic() >= deadline:
                     return []
                 if end > offset and reader.position(tp, timeout_ms=int(self._timeout_s * 1000)) >= end:

@@ -159,6 +159,16 @@ class EventLogContract:
         assert values(got) == [b"late"]
         assert waited < 30
 
+    def test_a_read_with_a_wait_returns_a_record_that_is_there_without_waiting(self):
+        log, writer = self.opened(), self.opened()
+        topic = self.topic(log, 2)
+        for n in range(3):  # each partition in turn, as a worker reads prompts
+            [record] = writer.append(topic, [Message(f"k{n}", b"%d" % n, partition=n % 2)])
+            started = time.monotonic()
+            got = log.read(topic, record.partition, record.offset, max_records=1, timeout_s=20)
+            assert values(got) == [b"%d" % n] and got[0].offset == record.offset
+            assert time.monotonic() - started < 5
+
     def test_committed_positions_survive_reopening_the_log(self):
         log = self.opened()
         topic, group = self.topic(log, 2), self.fresh("group")
