@@ -25,6 +25,10 @@ the platform phases the log tells where the time went: request to first token wr
 queued) and queued for a worker (queued to started; the rest is the engine's first token).
 Prints a table and appends it, with the command, to the "Noisy neighbour" section of
 tests/perf/RESULTS.md (`--no-record` to skip).
+
+`--switch-interval-ms 5 1 --rounds 3` runs the platform phases once per interpreter switch
+interval (`LEDGERLM_SWITCH_INTERVAL_MS`), alternating, three times over: each flood is
+compared with the unloaded run of its own platform.
 """
 from __future__ import annotations
 
@@ -232,14 +236,16 @@ def client_phase(base_url: str, a_key: str, b_key: str, seconds: float, every_s:
 
 
 @contextmanager
-def platform_under_test(args, runner, model: Path, home: Path):
+def platform_under_test(args, runner, model: Path, home: Path, environment: dict[str, str]):
     """(base URL, a log handle on the platform's log, tenant factory): in this process on the
-    bench's engine, or (`--processes`) as deployed, the worker with an engine of its own."""
+    bench's engine, or (`--processes`) as deployed, the worker with an engine of its own
+    and `environment` added to the processes' own."""
     if args.processes:
         from tests.perf.deployed import deployed
 
-        with deployed(args.log, model, home / "deployed", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
-                      stream_linger_ms=args.stream_linger_ms, worker_admits=args.worker_admits) as platform:
+        with deployed(args.log, model, home, max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
+                      stream_linger_ms=args.stream_linger_ms, worker_admits=args.worker_admits,
+                      environment=environment) as platform:
             yield platform.base_url, platform.log, platform.tenant
         return
     from tests.harness import Platform
@@ -254,40 +260,50 @@ def platform_under_test(args, runner, model: Path, home: Path):
         platform.close()
 
 
+def variants(args) -> list[tuple[str, dict[str, str]]]:
+    """(label, environment) of each platform to run: one, or with `--switch-interval-ms`
+    one per value, alternating for `--rounds`."""
+    if not args.switch_interval_ms:
+        return [("", {})]
+    return [(f", switch interval {ms:g} ms, round {r + 1}", {"LEDGERLM_SWITCH_INTERVAL_MS": str(ms)})
+            for r in range(args.rounds) for ms in args.switch_interval_ms]
+
+
 def run(args) -> list[dict]:
     rows = []
     where = f"{args.log}{', as processes' if args.processes else ', in one process'}"
+
+    def measure(name: str, phase, log=None, b_id: str = "") -> None:
+        since = datetime.now(timezone.utc)
+        ttft, a_done = phase()
+        ttft = [t for t in ttft if t == t]
+        rows.append({"phase": name, "b_requests": len(ttft), "b_ttft_p50_ms": percentile(ttft, 0.5),
+                     "b_ttft_p95_ms": percentile(ttft, 0.95), "a_completed_per_s": a_done / args.seconds})
+        if log is not None:
+            rows[-1].update(b_breakdown(log, b_id, since))
+        print(json.dumps(rows[-1]), flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         model = make_tiny_model(home / "tiny", seed=0)
         runner = EngineRunner(VllmEngine(VllmEngineConfig(model=model, max_model_len=512, max_num_seqs=MAX_SEQS,
                                                           kv_cache_gb=0.25)), name="bench-engine").start()
         try:
-            with platform_under_test(args, runner, model, home) as (base_url, log, new_tenant):
-                (_, a_key), (b_id, b_key) = new_tenant(), new_tenant()
-                client_phase(base_url, a_key, b_key, 3, 0.25, True)  # warm-up
-                phases = [
-                    (f"B alone, through the platform ({where})",
-                     lambda: client_phase(base_url, a_key, b_key, args.seconds, args.every, False)),
-                    (f"A flood + B, through the platform ({where})",
-                     lambda: client_phase(base_url, a_key, b_key, args.seconds, args.every, True)),
-                    ("B alone, straight to vLLM",
-                     lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, False))),
-                    ("A flood + B, straight to vLLM (FCFS)",
-                     lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True))),
-                    ("A flood + B, straight to vLLM, ideally scheduled (B first, A on all seats but one)",
-                     lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True,
-                                                        scheduled=True))),
-                ]
-                for name, phase in phases:
-                    since = datetime.now(timezone.utc)
-                    ttft, a_done = phase()
-                    ttft = [t for t in ttft if t == t]
-                    rows.append({"phase": name, "b_requests": len(ttft), "b_ttft_p50_ms": percentile(ttft, 0.5),
-                                 "b_ttft_p95_ms": percentile(ttft, 0.95), "a_completed_per_s": a_done / args.seconds})
-                    if "platform" in name:
-                        rows[-1].update(b_breakdown(log, b_id, since))
-                    print(json.dumps(rows[-1]), flush=True)
+            for n, (label, environment) in enumerate(variants(args)):
+                with platform_under_test(args, runner, model, home / f"deployed{n}", environment) as (
+                        base_url, log, new_tenant):
+                    (_, a_key), (b_id, b_key) = new_tenant(), new_tenant()
+                    client_phase(base_url, a_key, b_key, 3, 0.25, True)  # warm-up
+                    for flood, name in ((False, "B alone"), (True, "A flood + B")):
+                        measure(f"{name}, through the platform ({where}{label})",
+                                lambda: client_phase(base_url, a_key, b_key, args.seconds, args.every, flood),
+                                log, b_id)
+            measure("B alone, straight to vLLM",
+                    lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, False)))
+            measure("A flood + B, straight to vLLM (FCFS)",
+                    lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True)))
+            measure("A flood + B, straight to vLLM, ideally scheduled (B first, A on all seats but one)",
+                    lambda: runner.submit(direct_phase(runner.engine, args.seconds, args.every, True, scheduled=True)))
         finally:
             runner.close()
     return rows
@@ -299,6 +315,8 @@ def table(rows: list[dict]) -> str:
              "p95 (ms) | B admission p95 (ms) | B queued for a worker p95 (ms) | B engine TTFT p95 (ms) | A completed/s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
+        if row["phase"].startswith("B alone, through the platform"):
+            base = row["b_ttft_p95_ms"]  # each platform's flood against its own unloaded run
         inside = (f"{row['b_first_token_on_log_p95_ms']:.0f} | {row['b_admission_p95_ms']:.0f} | "
                   f"{row['b_queued_p95_ms']:.0f} | {row['b_engine_ttft_p95_ms']:.0f}" if "b_queued_p95_ms" in row
                   else "- | - | - | -")
@@ -328,10 +346,15 @@ def main() -> None:
                              "each a process)")
     parser.add_argument("--every", type=float, default=0.25, help="seconds between B's requests")
     add_worker_options(parser)
+    parser.add_argument("--switch-interval-ms", type=float, nargs="+",
+                        help="run the platform once per value of LEDGERLM_SWITCH_INTERVAL_MS, side by side")
+    parser.add_argument("--rounds", type=int, default=1, help="with --switch-interval-ms: how many times over")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--client", nargs=3, metavar=("BASE_URL", "A_KEY", "B_KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--flood", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.switch_interval_ms and not args.processes:
+        parser.error("--switch-interval-ms needs the platform as processes")
     if args.client:
         ttft, a_done = asyncio.run(platform_phase(*args.client, args.seconds, args.every, args.flood))
         print(json.dumps({"ttft_ms": ttft, "a_done": a_done}))

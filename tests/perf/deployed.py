@@ -32,11 +32,12 @@ class Deployed:
 
 @contextmanager
 def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: int, stream_linger_ms: float,
-             worker_admits: bool = False):
+             worker_admits: bool = False, environment: dict[str, str] | None = None):
     """Starts the three processes on the embedded log under `home` or on a fresh namespace of
     the Kafka at LEDGERLM_TEST_KAFKA (`path`), waits until they serve, yields a `Deployed`,
     and stops them (any that exited early is an error). With `worker_admits` there are two:
-    the worker runs admission too (`serve worker --admit`)."""
+    the worker runs admission too (`serve worker --admit`). `environment` is added to the
+    processes' own last."""
     from api.demo import _wait_http
     from models.settings import Settings
     from pipelines import admin
@@ -48,7 +49,8 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
            "LEDGERLM_MODEL_ALIAS": MODEL_ALIAS, "LEDGERLM_MAX_MODEL_LEN": "512", "LEDGERLM_KV_CACHE_GB": "0.25",
            "LEDGERLM_ENGINE_MAX_SEQS": str(max_seqs), "LEDGERLM_WORKER_TAKE_AHEAD": str(take_ahead),
            "LEDGERLM_API_PORT": str(free_port()), "LEDGERLM_GRACE_S": "30", "LEDGERLM_DEFAULT_DEADLINE_MS": "300000",
-           "LEDGERLM_STREAM_LINGER_MS": str(stream_linger_ms), "LEDGERLM_WORKER_ADMITS": str(int(worker_admits))}
+           "LEDGERLM_STREAM_LINGER_MS": str(stream_linger_ms), "LEDGERLM_WORKER_ADMITS": str(int(worker_admits)),
+           **(environment or {})}
     if path == "kafka":
         env["LEDGERLM_EVENT_LOG_URL"] = os.environ["LEDGERLM_TEST_KAFKA"]
         env["LEDGERLM_EVENT_LOG_NAMESPACE"] = f"bench{uuid.uuid4().hex[:8]}"
