@@ -217,7 +217,7 @@ def breakdown(log, tenant_id: str, until: float) -> dict:
     hops = {"admission_ms": ("requests:GenerationRequested", "ledger:BudgetReserved"),
             "to_worker_ms": ("ledger:BudgetReserved", "outcomes:GenerationStarted"),
             "worker_to_first_token_ms": ("outcomes:GenerationStarted", "stream:TokensEmitted")}
-    sequential = [s for s in stamps.values() if s.get("GenerationRequested", 0) < until * 1000]
+    sequential = [s for s in stamps.values() if s.get("requests:GenerationRequested", 0) < until * 1000]
     return {name: percentile([s[b] - s[a] for s in sequential if a in s and b in s], 0.5)
             for name, (a, b) in hops.items()}
 
