@@ -69,11 +69,13 @@ class Tracker:
         if isinstance(p, GenerationStarted):
             m.queue_time.labels(self._pool).observe(p.queued_ms / 1000)
         elif isinstance(p, TokensEmitted) and p.token_count:
+            observe = self._inter_token.observe
             if self._last_token is None:
                 m.ttft.labels(self._pool).observe(now - self._t0)
+                for _ in range(p.token_count - 1):  # the first event's later tokens came with the first
+                    observe(0.0)
             else:
                 gap = (now - self._last_token) / p.token_count  # deltas merged into one event share the gap
-                observe = self._inter_token.observe
                 for _ in range(p.token_count):
                     observe(gap)
             self._last_token = now
