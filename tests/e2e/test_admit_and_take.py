@@ -87,22 +87,21 @@ class Fused:
 
 
 @pytest.fixture(params=["embedded", "kafka"])
-def log_kind(request) -> str:
-    return request.param
+def fused_with(request, tmp_path):
+    """`fused_with(slots)`: a `Fused` on each log, closed after the test."""
+    made: list[Fused] = []
+
+    def make(slots: int) -> Fused:
+        made.append(Fused(make_log_opener(request.param, tmp_path), slots=slots))
+        return made[-1]
+    yield make
+    for plat in made:
+        plat.close()
 
 
 @pytest.fixture
-def fused(log_kind, tmp_path):
-    plat = Fused(make_log_opener(log_kind, tmp_path))
-    yield plat
-    plat.close()
-
-
-@pytest.fixture
-def fused4(log_kind, tmp_path):
-    plat = Fused(make_log_opener(log_kind, tmp_path), slots=4)
-    yield plat
-    plat.close()
+def fused(fused_with):
+    return fused_with(1)
 
 
 def test_work_that_can_start_at_once_is_taken_in_the_admissions_commit_and_never_queued(fused):
@@ -136,7 +135,8 @@ def test_work_that_cannot_start_at_once_queues_and_is_taken_from_the_work_topic(
     assert [e.event_type for e in fused.events(queued_on, "second")] == ["GenerationQueued", "GenerationStarted"]
 
 
-def test_a_light_tenant_is_taken_at_once_while_only_a_heavy_tenants_work_waits(fused4):
+def test_a_light_tenant_is_taken_at_once_while_only_a_heavy_tenants_work_waits(fused_with):
+    fused4 = fused_with(4)
     heavy, light = fused4.tenant, fused4.other
     fused4.request("light-1", light)
     fused4.run_until(lambda: fused4.engine.started == ["light-1"], "the light tenant's first request to start")
