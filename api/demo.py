@@ -31,7 +31,7 @@ class Child:
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
 
-    def wait_for_line(self, needle: str, timeout_s: float) -> None:
+    def wait_for_line(self, needle: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         os.set_blocking(self.proc.stdout.fileno(), False)
         seen = []
@@ -40,7 +40,7 @@ class Child:
             if line:
                 seen.append(line)
                 if needle in line:
-                    return
+                    return line
                 continue
             if self.proc.poll() is not None:
                 break
@@ -120,13 +120,16 @@ def run_demo(settings: Settings) -> int:
     secret = _credentials(settings)
     base = f"http://{settings.api_host}:{settings.api_port}"
     with ExitStack() as stack:
-        for name, argv in [("admission", [*ledgerlm, "serve", "admission"]),
-                           ("worker", [py, "-m", "workers", "serve", "worker"]),
+        # The worker first: admission and the API then run on the CPUs it leaves its engine.
+        for name, argv in [("worker", [py, "-m", "workers", "serve", "worker"]),
+                           ("admission", [*ledgerlm, "serve", "admission"]),
                            ("api", [*ledgerlm, "serve", "api"])]:
             child = Child(name, argv, env)
             stack.callback(child.stop)
             if name == "worker":
-                child.wait_for_line('"ready": true', timeout_s=300)
+                cpus = json.loads(child.wait_for_line('"ready": true', timeout_s=300)).get("cpus")
+                if cpus and not settings.cpus:
+                    env = {**env, "LEDGERLM_CPUS": cpus}
         _wait_http(base + "/healthz", 60)
         body = {"model_alias": settings.model_alias, "input": "The ledger of tokens says", "max_output_tokens": 32,
                 "stream": True}

@@ -2,10 +2,11 @@
 passed down; adapters are chosen by the scheme of their URL."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_HOME = Path(".local/ledgerlm")
@@ -61,6 +62,12 @@ class Settings(BaseSettings):
     # each do a little per wake-up; with shorter turns, the one carrying a light tenant's
     # first token waits less behind threads busy with a heavy tenant's stream.
     switch_interval_ms: float = Field(default=1.0, gt=0, le=100)
+    # The CPUs a serving process runs its threads on, as a Linux CPU list ("1", "0-3,8"), or
+    # "all" for wherever the OS puts them. Empty (the default): a pool worker keeps off the
+    # CPUs its engine bound its compute threads to and prints the ones it uses; the API and
+    # admission go anywhere. On a host shared with an engine, give them the CPUs the worker
+    # printed, so no platform thread preempts model compute.
+    cpus: str = ""
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -79,10 +86,67 @@ class Settings(BaseSettings):
         self.celery_broker_url = self.celery_broker_url or f"sqla+sqlite:///{home}/celery.db"
         return self
 
-    def apply_to_process(self) -> None:
-        """What a long-running serving process (API, admission, worker) sets for itself."""
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        value = value.strip()
+        if value not in ("", "all"):
+            parse_cpu_list(value)
+        return value
+
+    def cpu_set(self) -> set[int] | None:
+        """The CPUs `cpus` names; None where it leaves the choice to someone else."""
+        return None if self.cpus in ("", "all") else parse_cpu_list(self.cpus)
+
+    def apply_to_process(self, *, place: bool = True) -> None:
+        """What a long-running serving process (API, admission, worker) sets for itself.
+        A worker places itself later (`place=False`): its engine's processes must start with
+        every CPU, to bind their compute threads where they choose."""
         sys.setswitchinterval(self.switch_interval_ms / 1000)
+        cpus = self.cpu_set()
+        if place and cpus is not None:
+            run_on_cpus(cpus)
 
     def ensure_home(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)
         return self.home
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}; a clear ValueError for anything else."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last) if dash else int(first)
+        except ValueError:
+            raise ValueError(f"not a CPU list: {text!r} (expected e.g. '1' or '0-3,8')") from None
+        if low < 0 or high < low:
+            raise ValueError(f"not a CPU list: {text!r} (a range goes from low to high, from 0)")
+        cpus.update(range(low, high + 1))
+    return cpus
+
+
+def format_cpu_list(cpus: set[int]) -> str:
+    """{0, 1, 2, 3, 8} -> '0-3,8'."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)
+
+
+def run_on_cpus(cpus: set[int]) -> None:
+    """Moves every thread of this process onto `cpus`; threads started later inherit it
+    from whoever starts them. A ValueError when this process may use none of them."""
+    usable = cpus & os.sched_getaffinity(0)
+    if not usable:
+        raise ValueError(f"none of CPUs {format_cpu_list(cpus)} is available to this process "
+                         f"(it may use {format_cpu_list(os.sched_getaffinity(0))})")
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), usable)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from models.settings import Settings
+from models.settings import Settings, format_cpu_list
 
 
 def model_dir(settings: Settings) -> Path:
@@ -61,6 +61,24 @@ def lower_session_priority(nice: int) -> bool:
         except OSError:  # no autogroup here (another OS, or cgroups decide): nothing to do
             return False
     return False
+
+
+def place_beside_engine(settings: Settings, engine) -> set[int] | None:
+    """Moves this process's threads to the CPUs `settings.cpus` names or, by default, off the
+    ones the engine bound its compute threads to: there, taking and streaming work never
+    preempts a step of the model. Returns the CPUs they run on now (None: left as they were)."""
+    from models.settings import run_on_cpus
+
+    if settings.cpus == "all":
+        return None
+    cpus = settings.cpu_set()
+    if cpus is None:
+        allowed = os.sched_getaffinity(0)
+        cpus = allowed - engine.compute_cpus()
+        if not cpus or cpus == allowed:  # nothing bound, or bound to every CPU there is
+            return None
+    run_on_cpus(cpus)
+    return cpus
 
 
 def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[[], None]:
@@ -109,13 +127,14 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
     log = open_log(settings)
     runner = EngineRunner(VllmEngine.from_settings(settings)).start()
     try:
+        cpus = place_beside_engine(settings, runner.engine)
         cancel_log = open_log(settings, create_topics=False)
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000)
         close_admission = admit_beside(worker, settings, stop) if settings.worker_admits else None
-        print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": close_admission is not None}),
-              flush=True)
+        print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": close_admission is not None,
+                          "cpus": format_cpu_list(cpus) if cpus else None}), flush=True)
         try:
             worker.run(stop)
         finally:
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "serve":
         if args.admit:
             settings = settings.model_copy(update={"worker_admits": True})
-        settings.apply_to_process()
+        settings.apply_to_process(place=False)  # the engine starts with every CPU; see serve_worker
         return serve_worker(settings, args.pool)
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model

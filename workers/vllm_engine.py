@@ -11,6 +11,9 @@ What 0.32 expects, and why this adapter does what it does:
   priority (`cpu_nice`, every thread of them) than the platform's own threads, so on a
   host they share, taking, streaming and admitting work is never queued behind model
   compute; the engine still gets every cycle nobody else wants.
+- vLLM binds its compute threads to CPUs of its choosing (`VLLM_CPU_OMP_THREADS_BIND`),
+  leaving some for other processes; `compute_cpus()` says which it took, so the worker can
+  keep its own threads off them.
 - `AsyncLLM.shutdown(timeout)` SIGTERMs the EngineCore process, which stops its worker;
   anything still alive after that is killed here, so no process outlives `close()`.
 """
@@ -115,6 +118,21 @@ def lower_cpu_priority(processes: list[psutil.Process], nice: int) -> None:
             pass  # gone already, or not ours to change: it keeps its priority
 
 
+def bound_cpus(processes: list[psutil.Process], allowed: set[int]) -> set[int]:
+    """The CPUs that threads of `processes` are bound to, where a thread may use fewer than
+    `allowed` (the threads free to go anywhere say nothing)."""
+    bound: set[int] = set()
+    for process in processes:
+        try:
+            for thread in process.threads():
+                cpus = os.sched_getaffinity(thread.id)
+                if cpus < allowed:
+                    bound |= cpus
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    return bound
+
+
 class VllmEngine(InferenceEngine):
     def __init__(self, config: VllmEngineConfig) -> None:
         self.config = config
@@ -123,6 +141,7 @@ class VllmEngine(InferenceEngine):
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._revision: str | None = None
+        self._compute_cpus: set[int] = set()
         self.start_seconds: float | None = None
 
     @classmethod
@@ -162,6 +181,7 @@ class VllmEngine(InferenceEngine):
                 if p.pid not in before and "resource_tracker" not in _cmdline(p)
             ]
         lower_cpu_priority(self._processes, self.config.cpu_nice)
+        self._compute_cpus = bound_cpus(self._processes, os.sched_getaffinity(0))
         self.start_seconds = time.monotonic() - began
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:
@@ -237,6 +257,10 @@ class VllmEngine(InferenceEngine):
 
                 self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)
             return len(self._tokenizer(text, add_special_tokens=True).input_ids)
+
+    def compute_cpus(self) -> set[int]:
+        """The CPUs the engine's processes bound threads to (empty: none bound, or not started)."""
+        return set(self._compute_cpus)
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds: queued, running, or not yet drained."""

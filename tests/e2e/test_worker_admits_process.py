@@ -1,17 +1,38 @@
 """`serve worker --admit` as deployed: the API and one worker process that also runs
 admission (no admission process at all). A request is admitted, taken in the same commit,
-streamed and settled; it never reaches a work topic. Both event logs, real vLLM."""
+streamed and settled; it never reaches a work topic. The worker and the API run off the
+CPUs vLLM bound its compute threads to. Both event logs, real vLLM."""
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
+import psutil
 import pytest
 
 from models import topics
+from models.settings import format_cpu_list
 from tests.e2e.test_streaming import request_events, sse_frames
 from tests.harness import MODEL_ALIAS, wait_until
 from tests.perf.deployed import deployed
+from workers.vllm_engine import bound_cpus
+
+
+def assert_placed_off_the_engine(printed: str | None) -> None:
+    """vLLM bound its compute threads to some of the host's CPUs; the worker's threads and the
+    API's run on the others, which the worker printed when ready."""
+    allowed = os.sched_getaffinity(0)
+    assert len(allowed) >= 2, f"placement needs two CPUs or more; this host gives {sorted(allowed)}"
+    mine = psutil.Process().children(recursive=True)
+    engine = [p for p in mine if "VLLM" in p.name()]
+    compute = bound_cpus(engine, allowed)
+    assert compute and compute < allowed, f"vLLM bound its compute threads to {sorted(compute)} of {sorted(allowed)}"
+    assert printed == format_cpu_list(allowed - compute)
+    for role in ("serve worker", "serve api"):
+        [process] = [p for p in mine if role in " ".join(p.cmdline())]
+        where = {frozenset(os.sched_getaffinity(t.id)) for t in process.threads()}
+        assert where == {frozenset(allowed - compute)}, f"{role} threads run on {where}"
 
 
 @pytest.mark.parametrize("log_kind", ["embedded", "kafka"])
@@ -22,6 +43,7 @@ def test_a_worker_that_admits_serves_without_an_admission_process(log_kind, tiny
                  if line.startswith("{") and '"ready"' in line]
         assert ready and ready[0]["admits"] is True
         assert not (tmp_path / "deployed" / "admission.log").exists(), "no admission process was started"
+        assert_placed_off_the_engine(ready[0]["cpus"])
         tenant_id, secret = platform.tenant()
         body = {"model_alias": MODEL_ALIAS, "input": "one commit", "max_output_tokens": 8, "ignore_eos": True}
         with httpx.Client(base_url=platform.base_url, timeout=120,

@@ -28,7 +28,8 @@ tests/perf/RESULTS.md (`--no-record` to skip).
 
 `--switch-interval-ms 5 1 --rounds 3` runs the platform phases once per interpreter switch
 interval (`LEDGERLM_SWITCH_INTERVAL_MS`), alternating, three times over: each flood is
-compared with the unloaded run of its own platform.
+compared with the unloaded run of its own platform. `--cpus auto all` does the same for
+where the platform's processes run (`LEDGERLM_CPUS`).
 """
 from __future__ import annotations
 
@@ -261,8 +262,11 @@ def platform_under_test(args, runner, model: Path, home: Path, environment: dict
 
 
 def variants(args) -> list[tuple[str, dict[str, str]]]:
-    """(label, environment) of each platform to run: one, or with `--switch-interval-ms`
-    one per value, alternating for `--rounds`."""
+    """(label, environment) of each platform to run: one, or with `--switch-interval-ms` or
+    `--cpus` one per value, alternating for `--rounds`."""
+    if args.cpus:
+        return [(f", CPUs {cpus}, round {r + 1}", {} if cpus == "auto" else {"LEDGERLM_CPUS": cpus})
+                for r in range(args.rounds) for cpus in args.cpus]
     if not args.switch_interval_ms:
         return [("", {})]
     return [(f", switch interval {ms:g} ms, round {r + 1}", {"LEDGERLM_SWITCH_INTERVAL_MS": str(ms)})
@@ -348,13 +352,19 @@ def main() -> None:
     add_worker_options(parser)
     parser.add_argument("--switch-interval-ms", type=float, nargs="+",
                         help="run the platform once per value of LEDGERLM_SWITCH_INTERVAL_MS, side by side")
-    parser.add_argument("--rounds", type=int, default=1, help="with --switch-interval-ms: how many times over")
+    parser.add_argument("--cpus", nargs="+", metavar="CPUS",
+                        help="run the platform once per value of LEDGERLM_CPUS, side by side (auto: unset, so "
+                             "the worker keeps off its engine's CPUs and the API and admission go where it says; "
+                             "all: no placement)")
+    parser.add_argument("--rounds", type=int, default=1, help="with --switch-interval-ms or --cpus: how many times over")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--client", nargs=3, metavar=("BASE_URL", "A_KEY", "B_KEY"), help=argparse.SUPPRESS)
     parser.add_argument("--flood", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.switch_interval_ms and not args.processes:
-        parser.error("--switch-interval-ms needs the platform as processes")
+    if (args.switch_interval_ms or args.cpus) and not args.processes:
+        parser.error("--switch-interval-ms and --cpus need the platform as processes")
+    if args.switch_interval_ms and args.cpus:
+        parser.error("vary one thing at a time: --switch-interval-ms or --cpus")
     if args.client:
         ttft, a_done = asyncio.run(platform_phase(*args.client, args.seconds, args.every, args.flood))
         print(json.dumps({"ttft_ms": ttft, "a_done": a_done}))

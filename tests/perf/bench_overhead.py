@@ -186,14 +186,16 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
         platform.close()
 
 
-def through_processes(path: str, model: Path, home: Path, args) -> dict:
+def through_processes(path: str, model: Path, home: Path, args, cpus: str = "auto") -> dict:
     """The platform as deployed (`tests/perf/deployed.py`), its worker with an engine of its
-    own, configured as the direct one."""
+    own, configured as the direct one; `cpus` is `LEDGERLM_CPUS` ("auto": unset)."""
     from tests.perf.deployed import deployed
 
     log, _, admit = path.partition("+")
-    with deployed(log, model, home / f"{path}-processes", max_seqs=MAX_SEQS, take_ahead=args.take_ahead,
-                  stream_linger_ms=args.stream_linger_ms, worker_admits=bool(admit)) as platform:
+    environment = {} if cpus == "auto" else {"LEDGERLM_CPUS": cpus}
+    with deployed(log, model, home / f"{path}-processes-{uuid.uuid4().hex[:6]}", max_seqs=MAX_SEQS,
+                  take_ahead=args.take_ahead, stream_linger_ms=args.stream_linger_ms, worker_admits=bool(admit),
+                  environment=environment) as platform:
         return measured_client(platform.base_url, *platform.tenant(), platform.log, args)
 
 
@@ -273,9 +275,14 @@ def run(args) -> dict[str, dict]:
                 print(json.dumps(rows), flush=True)
             for path in args.process_paths:
                 log, _, admit = path.partition("+")
-                name = f"through the platform as processes ({log} log{', admission in the worker' if admit else ''})"
-                rows[name] = through_processes(path, config.model, home, args)
-                print(json.dumps(rows), flush=True)
+                for n, cpus in enumerate(args.platform_cpus):
+                    name = (f"through the platform as processes ({log} log"
+                            f"{', admission in the worker' if admit else ''}"
+                            f"{'' if args.platform_cpus == ['auto'] else f', CPUs {cpus}'})")
+                    if name in rows:
+                        name += f" #{n + 1}"
+                    rows[name] = through_processes(path, config.model, home, args, cpus)
+                    print(json.dumps(rows), flush=True)
             with CpuMeter() as meter:
                 last = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
             direct_runs.append(with_cpu(last, meter))
@@ -322,6 +329,10 @@ def main() -> None:
                         help="also run the platform as separate processes (API, admission, worker with "
                              "its own engine), as deployed, on these logs; +admit: the worker runs admission "
                              "(`serve worker --admit`), so there is no admission process")
+    parser.add_argument("--platform-cpus", nargs="+", default=["auto"], metavar="CPUS",
+                        help="with --process-paths: run each path once per value of LEDGERLM_CPUS, in turn "
+                             "(auto: unset, so the worker keeps off its engine's CPUs and the API and admission "
+                             "go where it says; all: no placement)")
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)

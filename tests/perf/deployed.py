@@ -3,6 +3,7 @@ serve worker` (with an engine of its own) and `ledgerlm serve api`, each its own
 so no two components share an interpreter lock."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-PROCESSES = {"admission": ["-m", "api.cli", "serve", "admission"], "worker": ["-m", "workers", "serve", "worker"],
+PROCESSES = {"worker": ["-m", "workers", "serve", "worker"], "admission": ["-m", "api.cli", "serve", "admission"],
              "api": ["-m", "api.cli", "serve", "api"]}
 
 
@@ -67,17 +68,18 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
     # them: a SIGTERM ends the bench through the `finally` below, which stops them.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        # The worker first: the API and admission go on the CPUs it leaves its engine, as
+        # the README says to deploy them on a host they share.
         for name, argv in PROCESSES.items():
             if worker_admits and name == "admission":
                 continue
             out = (home / f"{name}.log").open("w")
             children.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True))
-        deadline = time.monotonic() + 300
-        while '"ready": true' not in (home / "worker.log").read_text():
-            if time.monotonic() > deadline or any(c.poll() is not None for c in children):
-                raise RuntimeError("the worker did not start:\n" + (home / "worker.log").read_text()[-3000:])
-            time.sleep(0.5)
+            if name == "worker":
+                ready = _ready_line(home / "worker.log", children, time.monotonic() + 300)
+                if not env.get("LEDGERLM_CPUS") and ready.get("cpus"):
+                    env = {**env, "LEDGERLM_CPUS": ready["cpus"]}
         base = f"http://127.0.0.1:{env['LEDGERLM_API_PORT']}"
         _wait_http(base + "/healthz", 60)
         yield Deployed(base, log, admin.RegistryView(log))
@@ -96,6 +98,17 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
                 child.wait(timeout=10)
         log.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _ready_line(path: Path, children: list[subprocess.Popen], deadline: float) -> dict:
+    """The worker's ready line, read from its log, as a dict."""
+    while True:
+        for line in path.read_text().splitlines():
+            if '"ready": true' in line:
+                return json.loads(line)
+        if time.monotonic() > deadline or any(c.poll() is not None for c in children):
+            raise RuntimeError("the worker did not start:\n" + path.read_text()[-3000:])
+        time.sleep(0.5)
 
 
 def _exit_on_sigterm(signum, frame):
