@@ -39,7 +39,9 @@ class RegistryView:
 
     It follows through a tail of its own (on Kafka, a consumer assigned to the admin
     partition only), so asking whether anything changed, which every request does, is one
-    cheap end-offset query and never moves a reader shared with other work."""
+    cheap end-offset query and never moves a reader shared with other work. Callers that
+    ask while a query is under way share the next one: a query that began after a caller
+    asked sees everything written before it asked."""
 
     CATCH_UP_S = 30.0  # the most a refresh waits for records it knows are there
 
@@ -48,26 +50,38 @@ class RegistryView:
         self._next = 0
         self._lock = threading.Lock()
         self._tail: Tail | None = None
+        self._current_since = float("-inf")  # when the last completed query began (monotonic)
         self.registry = Registry()
+        self.checks = 0  # times it asked the log for the admin topic's end
 
     def refresh(self, timeout_s: float = 0.0) -> Registry:
         """Applies every admin event written before the call; with `timeout_s`, first waits
         up to that long for a new one if there is none."""
+        asked = time.monotonic()
         with self._lock:
-            if self._tail is None:
-                self._tail = self._log.tail(topics.ADMIN.name, {0: self._next})
+            if not timeout_s and self._current_since > asked:
+                return self.registry  # a query that began after this call covered it
+            began = time.monotonic()
+            registry = self._catch_up(timeout_s)
+            self._current_since = began
+            return registry
+
+    def _catch_up(self, timeout_s: float) -> Registry:
+        if self._tail is None:
+            self._tail = self._log.tail(topics.ADMIN.name, {0: self._next})
+        self.checks += 1
+        end = self._tail.end_offsets()[0]
+        if end <= self._next:
+            if not timeout_s or not self._apply(self._tail.poll(max_records=1000, timeout_s=timeout_s)):
+                return self.registry
             end = self._tail.end_offsets()[0]
-            if end <= self._next:
-                if not timeout_s or not self._apply(self._tail.poll(max_records=1000, timeout_s=timeout_s)):
-                    return self.registry
-                end = self._tail.end_offsets()[0]
-            deadline = time.monotonic() + self.CATCH_UP_S
-            while self._next < end:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"admin topic: at offset {self._next} of {end} after {self.CATCH_UP_S} s")
-                self._apply(self._tail.poll(max_records=1000, timeout_s=min(0.2, left)))
-            return self.registry
+        deadline = time.monotonic() + self.CATCH_UP_S
+        while self._next < end:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"admin topic: at offset {self._next} of {end} after {self.CATCH_UP_S} s")
+            self._apply(self._tail.poll(max_records=1000, timeout_s=min(0.2, left)))
+        return self.registry
 
     def _apply(self, records: list) -> int:
         for record in records:
