@@ -126,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     if args.verb == "serve":
-        settings.apply_to_process()
+        try:
+            settings.apply_to_process()
+        except ValueError as exc:  # CPUs this process may not use: say so, start nothing
+            parser.error(f"LEDGERLM_CPUS: {exc}")
         serve = {"api": _serve_api, "admission": _serve_admission, **SERVE_HANDLERS}
         return serve[args.process](settings, args)
     return handlers[args.verb](settings, args)

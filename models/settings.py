@@ -138,13 +138,19 @@ def format_cpu_list(cpus: set[int]) -> str:
     return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)
 
 
-def run_on_cpus(cpus: set[int]) -> None:
-    """Moves every thread of this process onto `cpus`; threads started later inherit it
-    from whoever starts them. A ValueError when this process may use none of them."""
+def usable_cpus(cpus: set[int]) -> set[int]:
+    """Those of `cpus` this process may run on; a ValueError when there are none."""
     usable = cpus & os.sched_getaffinity(0)
     if not usable:
         raise ValueError(f"none of CPUs {format_cpu_list(cpus)} is available to this process "
                          f"(it may use {format_cpu_list(os.sched_getaffinity(0))})")
+    return usable
+
+
+def run_on_cpus(cpus: set[int]) -> None:
+    """Moves every thread of this process onto `cpus`; threads started later inherit it
+    from whoever starts them. A ValueError when this process may use none of them."""
+    usable = usable_cpus(cpus)
     for task in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(task), usable)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from models.settings import Settings, format_cpu_list
+from models.settings import Settings, format_cpu_list, usable_cpus
 
 
 def model_dir(settings: Settings) -> Path:
@@ -69,7 +69,7 @@ def place_beside_engine(settings: Settings, engine) -> set[int] | None:
     preempts a step of the model. Returns the CPUs they run on now (None: left as they were)."""
     from models.settings import run_on_cpus
 
-    if settings.cpus == "all":
+    if settings.cpus == "all" or not hasattr(os, "sched_getaffinity"):  # Linux only
         return None
     cpus = settings.cpu_set()
     if cpus is None:
@@ -171,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.admit:
             settings = settings.model_copy(update={"worker_admits": True})
         settings.apply_to_process(place=False)  # the engine starts with every CPU; see serve_worker
+        try:
+            if settings.cpu_set() is not None:
+                usable_cpus(settings.cpu_set())  # refused before an engine starts, not after
+        except ValueError as exc:
+            parser.error(f"LEDGERLM_CPUS: {exc}")
         return serve_worker(settings, args.pool)
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model

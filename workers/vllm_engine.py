@@ -181,7 +181,8 @@ class VllmEngine(InferenceEngine):
                 if p.pid not in before and "resource_tracker" not in _cmdline(p)
             ]
         lower_cpu_priority(self._processes, self.config.cpu_nice)
-        self._compute_cpus = bound_cpus(self._processes, os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity"):  # Linux only; elsewhere nothing is bound
+            self._compute_cpus = bound_cpus(self._processes, os.sched_getaffinity(0))
         self.start_seconds = time.monotonic() - began
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:

@@ -186,3 +186,15 @@ def test_bound_cpus_are_those_of_threads_narrower_than_the_host():
         child.kill()
         child.wait(timeout=10)
     assert bound_cpus([process], set(ALLOWED)) == set(), "a process that is gone binds nothing"
+
+
+@pytest.mark.parametrize("command", [["-m", "api.cli", "serve", "api"], ["-m", "api.cli", "serve", "admission"],
+                                     ["-m", "workers", "serve", "worker"]])
+def test_cpus_a_process_may_not_use_stop_it_with_a_clear_error_before_it_starts(command, tmp_path):
+    out = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "LEDGERLM_CPUS": "4096", "LEDGERLM_HOME": str(tmp_path),
+                              "LEDGERLM_EVENT_LOG_URL": "", "LEDGERLM_API_PORT": "1"})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "LEDGERLM_CPUS: none of CPUs 4096 is available to this process" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "eventlog.db").exists(), "it stopped before opening the log"
