@@ -57,6 +57,14 @@ class Child:
                 self.proc.wait(timeout=5)
 
 
+def beside_worker(env: dict[str, str], ready: dict) -> dict[str, str]:
+    """The environment for the API and admission on the host of a worker that printed
+    `ready`: on the CPUs the worker left its engine, unless `LEDGERLM_CPUS` says otherwise."""
+    if env.get("LEDGERLM_CPUS") or not ready.get("cpus"):
+        return env
+    return {**env, "LEDGERLM_CPUS": ready["cpus"]}
+
+
 def _wait_http(url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -127,9 +135,7 @@ def run_demo(settings: Settings) -> int:
             child = Child(name, argv, env)
             stack.callback(child.stop)
             if name == "worker":
-                cpus = json.loads(child.wait_for_line('"ready": true', timeout_s=300)).get("cpus")
-                if cpus and not settings.cpus:
-                    env = {**env, "LEDGERLM_CPUS": cpus}
+                env = beside_worker(env, json.loads(child.wait_for_line('"ready": true', timeout_s=300)))
         _wait_http(base + "/healthz", 60)
         body = {"model_alias": settings.model_alias, "input": "The ledger of tokens says", "max_output_tokens": 32,
                 "stream": True}

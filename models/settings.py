@@ -101,11 +101,14 @@ class Settings(BaseSettings):
     def apply_to_process(self, *, place: bool = True) -> None:
         """What a long-running serving process (API, admission, worker) sets for itself.
         A worker places itself later (`place=False`): its engine's processes must start with
-        every CPU, to bind their compute threads where they choose."""
+        every CPU, to bind their compute threads where they choose. CPUs the process may not
+        use are refused here either way (ValueError), before anything starts."""
         sys.setswitchinterval(self.switch_interval_ms / 1000)
         cpus = self.cpu_set()
-        if place and cpus is not None:
-            run_on_cpus(cpus)
+        if cpus is not None:
+            usable_cpus(cpus)
+            if place:
+                run_on_cpus(cpus)
 
     def ensure_home(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)

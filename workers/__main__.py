@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from models.settings import Settings, format_cpu_list, usable_cpus
+from models.settings import Settings, format_cpu_list, run_on_cpus
 
 
 def model_dir(settings: Settings) -> Path:
@@ -67,8 +67,6 @@ def place_beside_engine(settings: Settings, engine) -> set[int] | None:
     """Moves this process's threads to the CPUs `settings.cpus` names or, by default, off the
     ones the engine bound its compute threads to: there, taking and streaming work never
     preempts a step of the model. Returns the CPUs they run on now (None: left as they were)."""
-    from models.settings import run_on_cpus
-
     if settings.cpus == "all" or not hasattr(os, "sched_getaffinity"):  # Linux only
         return None
     cpus = settings.cpu_set()
@@ -170,11 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "serve":
         if args.admit:
             settings = settings.model_copy(update={"worker_admits": True})
-        settings.apply_to_process(place=False)  # the engine starts with every CPU; see serve_worker
         try:
-            if settings.cpu_set() is not None:
-                usable_cpus(settings.cpu_set())  # refused before an engine starts, not after
-        except ValueError as exc:
+            settings.apply_to_process(place=False)  # the engine starts with every CPU; see serve_worker
+        except ValueError as exc:  # CPUs this process may not use: refused before an engine starts
             parser.error(f"LEDGERLM_CPUS: {exc}")
         return serve_worker(settings, args.pool)
     if args.action == "make-tiny":

@@ -43,8 +43,8 @@ def views(request, tmp_path, monkeypatch):
         yield Views(view, writer, gate, looking)
     finally:
         gate.set()
-        view.close(), writer.close()
-        log.close(), writer_log.close()
+        for closable in (view, writer, log, writer_log):
+            closable.close()
 
 
 def start_refreshes(view: RegistryView, callers: int) -> tuple[list, list[threading.Thread]]:

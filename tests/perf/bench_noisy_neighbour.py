@@ -55,6 +55,7 @@ import httpx  # noqa: E402
 from models import topics  # noqa: E402
 from models.events import decode  # noqa: E402
 from models.settings import Settings  # noqa: E402
+from tests.perf.deployed import CPUS_HELP, cpus_environment  # noqa: E402
 from tests.perf.results import record_run  # noqa: E402
 from workers.engine import EngineRequest  # noqa: E402
 from workers.engine_runner import EngineRunner  # noqa: E402
@@ -265,7 +266,7 @@ def variants(args) -> list[tuple[str, dict[str, str]]]:
     """(label, environment) of each platform to run: one, or with `--switch-interval-ms` or
     `--cpus` one per value, alternating for `--rounds`."""
     if args.cpus:
-        return [(f", CPUs {cpus}, round {r + 1}", {} if cpus == "auto" else {"LEDGERLM_CPUS": cpus})
+        return [(f", CPUs {cpus}, round {r + 1}", cpus_environment(cpus))
                 for r in range(args.rounds) for cpus in args.cpus]
     if not args.switch_interval_ms:
         return [("", {})]
@@ -353,9 +354,7 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float, nargs="+",
                         help="run the platform once per value of LEDGERLM_SWITCH_INTERVAL_MS, side by side")
     parser.add_argument("--cpus", nargs="+", metavar="CPUS",
-                        help="run the platform once per value of LEDGERLM_CPUS, side by side (auto: unset, so "
-                             "the worker keeps off its engine's CPUs and the API and admission go where it says; "
-                             "all: no placement)")
+                        help=f"run the platform once per value of LEDGERLM_CPUS, side by side ({CPUS_HELP})")
     parser.add_argument("--rounds", type=int, default=1, help="with --switch-interval-ms or --cpus: how many times over")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--client", nargs=3, metavar=("BASE_URL", "A_KEY", "B_KEY"), help=argparse.SUPPRESS)

@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.perf.bench_noisy_neighbour import add_worker_options, bench_topics_cleared, log_opener  # noqa: E402
+from tests.perf.deployed import CPUS_HELP  # noqa: E402
 from tests.perf.results import record_run  # noqa: E402
 
 SECTION = "## Overhead"
@@ -189,10 +190,10 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
 def through_processes(path: str, model: Path, home: Path, args, cpus: str = "auto") -> dict:
     """The platform as deployed (`tests/perf/deployed.py`), its worker with an engine of its
     own, configured as the direct one; `cpus` is `LEDGERLM_CPUS` ("auto": unset)."""
-    from tests.perf.deployed import deployed
+    from tests.perf.deployed import cpus_environment, deployed
 
     log, _, admit = path.partition("+")
-    environment = {} if cpus == "auto" else {"LEDGERLM_CPUS": cpus}
+    environment = cpus_environment(cpus)
     with deployed(log, model, home / f"{path}-processes-{uuid.uuid4().hex[:6]}", max_seqs=MAX_SEQS,
                   take_ahead=args.take_ahead, stream_linger_ms=args.stream_linger_ms, worker_admits=bool(admit),
                   environment=environment) as platform:
@@ -330,9 +331,8 @@ def main() -> None:
                              "its own engine), as deployed, on these logs; +admit: the worker runs admission "
                              "(`serve worker --admit`), so there is no admission process")
     parser.add_argument("--platform-cpus", nargs="+", default=["auto"], metavar="CPUS",
-                        help="with --process-paths: run each path once per value of LEDGERLM_CPUS, in turn "
-                             "(auto: unset, so the worker keeps off its engine's CPUs and the API and admission "
-                             "go where it says; all: no placement)")
+                        help=f"with --process-paths: run each path once per value of LEDGERLM_CPUS, in turn "
+                             f"({CPUS_HELP})")
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)

@@ -18,6 +18,16 @@ PROCESSES = {"worker": ["-m", "workers", "serve", "worker"], "admission": ["-m",
              "api": ["-m", "api.cli", "serve", "api"]}
 
 
+# What a benchmark's CPU setting means (`--cpus`, `--platform-cpus`).
+CPUS_HELP = ("auto: unset, so the worker keeps off its engine's CPUs and the API and admission go where it says; "
+             "all: no placement")
+
+
+def cpus_environment(cpus: str) -> dict[str, str]:
+    """The processes' environment for a benchmark's CPU setting ("auto": `LEDGERLM_CPUS` unset)."""
+    return {} if cpus == "auto" else {"LEDGERLM_CPUS": cpus}
+
+
 @dataclass
 class Deployed:
     base_url: str
@@ -39,7 +49,7 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
     and stops them (any that exited early is an error). With `worker_admits` there are two:
     the worker runs admission too (`serve worker --admit`). `environment` is added to the
     processes' own last."""
-    from api.demo import _wait_http
+    from api.demo import _wait_http, beside_worker
     from models.settings import Settings
     from pipelines import admin
     from pipelines.bootstrap import open_log
@@ -77,9 +87,7 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
             children.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True))
             if name == "worker":
-                ready = _ready_line(home / "worker.log", children, time.monotonic() + 300)
-                if not env.get("LEDGERLM_CPUS") and ready.get("cpus"):
-                    env = {**env, "LEDGERLM_CPUS": ready["cpus"]}
+                env = beside_worker(env, _ready_line(home / "worker.log", children, time.monotonic() + 300))
         base = f"http://127.0.0.1:{env['LEDGERLM_API_PORT']}"
         _wait_http(base + "/healthz", 60)
         yield Deployed(base, log, admin.RegistryView(log))

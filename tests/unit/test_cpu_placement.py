@@ -97,7 +97,7 @@ def test_cpus_this_process_may_not_use_are_refused_and_nothing_moves():
 
 
 SERVE_PROBE = AFFINITIES + """
-    import json, os, sys
+    import json, os
     import api.cli
     import workers.__main__ as worker_main
     seen = {}
@@ -105,7 +105,6 @@ SERVE_PROBE = AFFINITIES + """
         seen["cpus"] = affinities()
         return 0
     api.cli._serve_api = api.cli._serve_admission = worker_main.serve_worker = record
-    entry = sys.argv[1:] or ["api"]
     {call}
     print(json.dumps(seen))
 """
