@@ -20,9 +20,10 @@ once the take is committed): the take's transaction then spans no stream partiti
 Kafka, an open transaction hides everything after its first record on a partition from
 `read_committed` readers, so a take in flight would hold back every other generation's
 tokens on that partition until its markers land. Terminal events go through the writer
-as well (after the generation's last tokens, on the stream topic, then on the outcomes
-topic), so readers of the stream see the end right after the last tokens and settlement
-follows.
+as well: on the outcomes topic, then on the stream topic right after the generation's last
+tokens. A client that has seen the end on its stream then finds it in every status lookup
+(which reads the outcomes topic), and a failed stream append never leaves a generation
+its client saw end unsettled.
 
 Lives on the engine's event loop; appends run on `io` threads.
 """
@@ -149,13 +150,14 @@ class StreamWriter:
             try:
                 stream, ends = self._events(batch)
                 try:
+                    if ends:
+                        # The outcomes copy first: it settles the reservation and is what a
+                        # status lookup reads, so a client that has seen the end on its
+                        # stream finds the generation ended wherever it asks.
+                        await loop.run_in_executor(self._io, publish, self._log, topics.OUTCOMES, ends)
                     if stream:
                         await loop.run_in_executor(self._io, publish, self._log, topics.STREAM, stream)
                         self.appends += 1
-                    if ends:
-                        # The stream copy first: clients learn the end at once; the outcomes
-                        # copy is what settles the reservation.
-                        await loop.run_in_executor(self._io, publish, self._log, topics.OUTCOMES, ends)
                 except Exception as exc:  # every generation in the batch learns of it
                     for rid in batch:
                         self._failed[rid] = exc

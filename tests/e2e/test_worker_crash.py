@@ -3,13 +3,10 @@ reservation settles exactly once, work it had queued but not started goes to the
 worker, and a restarted worker serves new work."""
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing
-from dataclasses import replace
 
 from models import topics
 from models.events import decode, new_event
@@ -17,8 +14,8 @@ from models.events_generation import GenerationCompleted, Timings
 from pipelines import admin
 from pipelines.eventlog import EventLog, EventLogError
 from pipelines.routing import publish
+from tests.engine_wrappers import PacedEngine
 from tests.harness import MODEL_ALIAS, wait_until
-from workers.engine import EngineDelta
 
 
 class SeverableLog:
@@ -30,35 +27,6 @@ class SeverableLog:
     def __getattr__(self, name):
         if self.severed and name in ("append", "read", "end_offset", "tail", "consumer"):
             raise EventLogError("this worker is gone")
-        return getattr(self._inner, name)
-
-
-class PacedEngine:
-    """The shared engine, handing out one token every `pause_s`: a long generation then
-    outlasts the test's set-up however fast the engine is. (vLLM merges the deltas a slow
-    reader has not taken yet, so a delta may carry many tokens; they go out one by one.)"""
-
-    def __init__(self, inner, pause_s: float):
-        self._inner, self._pause_s = inner, pause_s
-
-    async def generate(self, request):
-        async with aclosing(self._inner.generate(request)) as deltas:
-            async for delta in deltas:
-                for piece in self._one_by_one(delta):
-                    yield piece
-                    await asyncio.sleep(self._pause_s)
-
-    @staticmethod
-    def _one_by_one(delta: EngineDelta) -> list[EngineDelta]:
-        n = delta.new_tokens
-        if n <= 1:
-            return [delta]
-        size = -(-len(delta.text) // n)  # the text split evenly: only the count matters here
-        return [replace(delta, text=delta.text[i * size:(i + 1) * size], new_tokens=1,
-                        output_tokens=delta.output_tokens - n + i + 1, finished=delta.finished and i == n - 1,
-                        finish_reason=delta.finish_reason if i == n - 1 else None) for i in range(n)]
-
-    def __getattr__(self, name):
         return getattr(self._inner, name)
 
 

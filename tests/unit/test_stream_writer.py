@@ -87,6 +87,26 @@ def test_deltas_of_several_generations_share_an_append_and_keep_their_order():
     assert [e.correlation_id for e in log.on(topics.OUTCOMES)] == ["a", "b"]
 
 
+def test_an_end_is_on_the_outcomes_topic_before_its_stream_copy():
+    """A client that saw the end on its stream must find it in a status lookup (which
+    reads the outcomes topic), wherever it asks next."""
+    log = RecordingLog()
+
+    async def main():
+        writer = StreamWriter(log)
+        a = started("a")
+        writer.tokens(a, "last words", 2)
+        await writer.finish(a, ending(a))
+
+    asyncio.run(main())
+    ends = [(name, i) for i, (name, envs) in enumerate(log.appends)
+            for e in envs if isinstance(e.payload, GenerationFailed)]
+    assert [name for name, _ in ends] == [topics.OUTCOMES.name, topics.STREAM.name], ends
+    assert ends[0][1] < ends[1][1]
+    stream = [type(e.payload) for e in log.on(topics.STREAM)]
+    assert stream[-2:] == [TokensEmitted, GenerationFailed], "on the stream, the end still follows the last tokens"
+
+
 def test_first_tokens_do_not_wait_for_the_linger_of_others():
     log = RecordingLog()
 
