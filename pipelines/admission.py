@@ -41,6 +41,7 @@ from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
 from models.topics import Topic
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
+from pipelines.idle_positions import IdlePositions
 from pipelines.routing import Outputs, to_outputs
 
 logger = logging.getLogger(__name__)
@@ -235,6 +236,9 @@ class AdmissionProcessor:
         self._clock: datetime | None = None
         self._known_topics = {t.name for t in topics.ALL}
         self.rejected_records = 0
+        # Positions of records that decided nothing (a start, a cancel, a repeated end) wait
+        # for the next unit that writes something.
+        self._idle = IdlePositions()
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -294,6 +298,7 @@ class AdmissionProcessor:
             # What was polled comes again from the committed positions.
             logger.info("admission owns ledger partitions %s; rebuilding their state", sorted(owned))
             self._consumer.seek_to_committed()
+            self._idle.saved()
             self._rebuild(owned)
             return 0
         try:
@@ -310,12 +315,13 @@ class AdmissionProcessor:
                     continue
                 outputs += self._decide(env, registry)
             outputs += expire_overdue(book=self.book, now=datetime.now(timezone.utc))
-            if not records and not outputs:
-                return 0
+            if not outputs and not self._idle.due(bool(records)):
+                return len(records)
             self._ensure_topics(outputs)
             # Taken work may write as soon as the commit is through, before (on Kafka) its
             # markers make it visible: what it writes still follows its start on the log.
             self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._settle_takings(True))
+            self._idle.saved()
         except BaseException as exc:
             # The book already holds these decisions, and none of them was written (the unit
             # aborted): rebuild it from the ledger, and read the inputs again, before deciding.
@@ -326,6 +332,7 @@ class AdmissionProcessor:
                 raise
             logger.warning("admission could not commit (%r); rebuilding from the ledger", exc)
             self._consumer.seek_to_committed()
+            self._idle.saved()
         return len(records)
 
     def run(self, stop: threading.Event) -> None:

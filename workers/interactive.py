@@ -39,6 +39,7 @@ from models.events_generation import (
 from models.topics import Topic
 from pipelines.admission import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
+from pipelines.idle_positions import IdlePositions
 from pipelines.routing import Outputs, to_outputs
 from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
@@ -70,6 +71,7 @@ class InteractiveWorker:
     # where every look is a round of the client's protocol work in Python.
     QUEUED_WAIT_S = 0.01
     ABANDON_WAIT_S = 10.0  # the most a failed take waits for its generations to leave the engine
+    IDLE_POSITIONS_S = 1.0  # the longest moved positions wait for a take to commit with (`IdlePositions`)
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
                  pool: str | None = None, max_in_flight: int | None = None, take_ahead: int | None = 0,
@@ -105,6 +107,7 @@ class InteractiveWorker:
         self._items: dict[str, Item] = {}  # queued items by request id
         self._positions = WorkPositions.at_assignment(self._log, self._consumer, assigned)
         self._committed = self._positions.commit_offsets()
+        self._idle = IdlePositions(self.IDLE_POSITIONS_S)
         self._assigned = assigned
 
     @property
@@ -141,7 +144,9 @@ class InteractiveWorker:
             outputs += self._sweep(now)
         starting = self._choose(now, outputs)
         offsets = self._positions.commit_offsets()
-        if not outputs and offsets == self._committed:
+        # Positions that moved past records needing nothing (its own takes read back, work
+        # someone else took) wait for the next take (`IdlePositions`).
+        if not outputs and not self._idle.due(offsets != self._committed):
             return 0
         # The engine starts on them while the take commits (on Kafka, a transaction of a
         # few round trips); they write nothing until it has.
@@ -170,6 +175,7 @@ class InteractiveWorker:
             self._reset(self._consumer.assignment())
             return 0
         self._committed = offsets  # `taken` resolved in on_committed
+        self._idle.saved()
         return len(starting)
 
     def _abandon(self, starting: list[tuple[Item, Envelope, int]], serving: list[Future]) -> None:

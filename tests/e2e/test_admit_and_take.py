@@ -182,3 +182,46 @@ def test_a_failed_admission_commit_abandons_the_started_generation_and_the_retry
     assert fused.types(topics.LEDGER, "retry-1") == ["BudgetReserved", "GenerationAdmitted"]
     assert fused.types(topics.STREAM, "retry-1") == ["GenerationStarted"]
     assert fused.worker.in_flight == 1
+
+
+def test_positions_of_records_that_decide_nothing_ride_with_the_next_unit(fused, monkeypatch):
+    """Admission reads back its own take, and a cancel of running work: neither decides
+    anything, and neither costs a unit of its own. Their positions are committed with the
+    next unit that writes something (here the settlement), or on their own once they have
+    waited long enough."""
+    admission = fused.admission
+    admission._idle.every_s = 3600  # noqa: SLF001 - never due on its own until the end
+    consumer = admission._consumer  # noqa: SLF001
+    real_commit, units = consumer.commit_with, []
+
+    def counting(outputs, **kwargs):
+        units.append(len(outputs))
+        return real_commit(outputs, **kwargs)
+    monkeypatch.setattr(consumer, "commit_with", counting)
+
+    def record(topic, request_id: str, event_type: str):
+        [(found, _)] = [(r, env) for r, env in request_events(fused.log, request_id, topic)
+                        if env.event_type == event_type]
+        return found
+
+    def committed_past(found) -> bool:
+        return (consumer.committed(found.topic, found.partition) or 0) > found.offset
+
+    fused.request("quiet-1")
+    fused.run_until(lambda: "GenerationStarted" in fused.types(topics.OUTCOMES, "quiet-1"), "its start on the log")
+    started = record(topics.OUTCOMES, "quiet-1", "GenerationStarted")
+    fused.cancel("quiet-1")
+    fused.run_until(lambda: "GenerationCancelled" in fused.types(topics.OUTCOMES, "quiet-1"), "the cancel to end it")
+    cancel = record(topics.REQUESTS, "quiet-1", "CancelRequested")
+    assert not committed_past(started) and not committed_past(cancel), "nothing was committed for them alone"
+
+    fused.run_until(lambda: "UsageSettled" in fused.types(topics.LEDGER, "quiet-1"), "the settlement")
+    assert committed_past(started) and committed_past(cancel), "committed with the settlement"
+    assert 0 not in units, f"no unit of its own for a record that decided nothing: {units}"
+
+    admission._idle.every_s = 0.0  # noqa: SLF001
+    fused.cancel("quiet-1")  # again: it has ended, so this decides nothing either
+    [late] = [r for r, env in request_events(fused.log, "quiet-1", topics.REQUESTS)
+              if env.event_type == "CancelRequested" and r.offset > cancel.offset]
+    fused.run_until(lambda: committed_past(late), "the late cancel's position, on its own once it has waited")
+    assert units[-1] == 0

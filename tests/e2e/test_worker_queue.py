@@ -147,3 +147,45 @@ def test_the_take_spans_no_stream_partition_and_the_stream_still_opens_with_the_
     assert [e.event_type for e in started] == ["GenerationStarted"], "announced before any token"
     assert taken_topics and all(topics.STREAM.name not in t for t in taken_topics), taken_topics
     assert any(topics.OUTCOMES.name in t for t in taken_topics), "the take itself is committed with the work"
+
+
+def test_reading_back_its_own_take_costs_the_worker_no_unit_of_its_own(opened, monkeypatch):
+    """A take writes the item's start to the work topic too (so a later owner of the
+    partition knows it was taken); reading it back moves the worker's positions but decides
+    nothing. The positions wait for the next take, or commit on their own after a while."""
+    monkeypatch.setattr(InteractiveWorker, "IDLE_POSITIONS_S", 3600.0)
+    log, engine, worker = opened(hold=True, capacity=3)
+    consumer = worker._consumer
+    real_commit, units = consumer.commit_with, []
+
+    def counting(outputs, **kwargs):
+        units.append(len(outputs))
+        return real_commit(outputs, **kwargs)
+    monkeypatch.setattr(consumer, "commit_with", counting)
+
+    def start_copy(request_id: str):
+        found = [r for p in range(log.partitions(topics.WORK_NORMAL.name))
+                 for r in log.read(topics.WORK_NORMAL.name, p, 0, max_records=1000)
+                 if decode(r.value).event_type == "GenerationStarted" and decode(r.value).correlation_id == request_id]
+        return found[0] if found else None
+
+    def committed_past(record) -> bool:
+        return (consumer.committed(record.topic, record.partition) or 0) > record.offset
+
+    run_until(worker, lambda: worker._consumer.assignment(), "the worker to join its group")
+    queue_work(log, "acme", "mine-1")
+    run_until(worker, lambda: engine.started == ["mine-1"], "the first to start")
+    first = run_until(worker, lambda: start_copy("mine-1"), "its start on the work topic")
+    for _ in range(20):  # it reads its start back meanwhile
+        worker.run_once(0.02)
+    assert not committed_past(first) and 0 not in units, units
+
+    queue_work(log, "acme", "mine-2")
+    run_until(worker, lambda: engine.started == ["mine-1", "mine-2"], "the second to start")
+    second = run_until(worker, lambda: start_copy("mine-2"), "its start on the work topic")
+    assert committed_past(first), "the first start's position went with the second take"
+    assert 0 not in units, units
+
+    worker._idle.every_s = 0.0
+    run_until(worker, lambda: committed_past(second), "the second start's position, on its own after a while")
+    assert units[-1] == 0
