@@ -7,6 +7,11 @@ reservation exactly once. Its decisions and its input positions are committed to
 (`commit_with`), so a restart never decides twice; whenever the partitions it owns
 change, it rebuilds their state from the ledger before deciding anything.
 
+Settlements need no one to wait for them: the book releases a reservation as it is
+settled, so they linger briefly (`SETTLE_LINGER_S`) and go out with the next unit that
+decides a request. Positions of records that decide nothing wait likewise
+(`pipelines.idle_positions`). What waits is never lost: its inputs are committed with it.
+
 Time: a request is decided at its own event time (never earlier than the last one
 decided), and the ledger events of the decision carry that time, so a rebuilt processor
 reasons as its predecessor did. Only the expiry sweep reads the wall clock: nothing else
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -218,9 +224,16 @@ class Taker(Protocol):
 
 
 class AdmissionProcessor:
-    """Consumes requests and outcomes of its tenant partitions; one unit of work per poll."""
+    """Consumes requests and outcomes of its tenant partitions; at most one unit of work per poll."""
 
     GROUP = "ledgerlm-admission"
+    # Settlements (and expiries) wait up to this long to go out with the next unit that
+    # decides a request: nobody waits on them, since the book releases a reservation the
+    # moment it is settled, so the next request is decided as if it were written.
+    # A crash before they are written loses nothing: their inputs were not committed either,
+    # and are read and settled again. Each unit on Kafka is a transaction (five round trips,
+    # and markers), so a settlement alone cost as much as the reservation it ends.
+    SETTLE_LINGER_S = 0.25
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  estimate: ServiceEstimate | None = None, taker: Taker | None = None):
@@ -239,6 +252,8 @@ class AdmissionProcessor:
         # Positions of records that decided nothing (a start, a cancel, a repeated end) wait
         # for the next unit that writes something.
         self._idle = IdlePositions()
+        self._settling: Outputs = []  # settlements decided, not yet written (`SETTLE_LINGER_S`)
+        self._settling_since = 0.0
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -298,12 +313,13 @@ class AdmissionProcessor:
             # What was polled comes again from the committed positions.
             logger.info("admission owns ledger partitions %s; rebuilding their state", sorted(owned))
             self._consumer.seek_to_committed()
-            self._idle.saved()
+            self._forget_unwritten()
             self._rebuild(owned)
             return 0
         try:
             registry = self._registry_view.refresh()
-            outputs: Outputs = []
+            outputs: Outputs = []  # decisions on requests: someone waits for each
+            settling: Outputs = []
             for record in records:
                 try:
                     env = decode(record.value)
@@ -313,14 +329,23 @@ class AdmissionProcessor:
                     logger.warning("unreadable record %s/%s@%s: %s", record.topic, record.partition, record.offset,
                                    exc)
                     continue
-                outputs += self._decide(env, registry)
-            outputs += expire_overdue(book=self.book, now=datetime.now(timezone.utc))
-            if not outputs and not self._idle.due(bool(records)):
+                decided = self._decide(env, registry)
+                if isinstance(env.payload, GenerationRequested):
+                    outputs += decided
+                else:
+                    settling += decided
+            settling += expire_overdue(book=self.book, now=datetime.now(timezone.utc))
+            if settling and not self._settling:
+                self._settling_since = time.monotonic()
+            self._settling += settling
+            if not outputs and not self._unit_due(bool(records)):
                 return len(records)
+            outputs = self._settling + outputs
             self._ensure_topics(outputs)
             # Taken work may write as soon as the commit is through, before (on Kafka) its
             # markers make it visible: what it writes still follows its start on the log.
             self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._settle_takings(True))
+            self._settling = []
             self._idle.saved()
         except BaseException as exc:
             # The book already holds these decisions, and none of them was written (the unit
@@ -332,12 +357,35 @@ class AdmissionProcessor:
                 raise
             logger.warning("admission could not commit (%r); rebuilding from the ledger", exc)
             self._consumer.seek_to_committed()
-            self._idle.saved()
+            self._forget_unwritten()
         return len(records)
+
+    def _unit_due(self, polled: bool) -> bool:
+        """With no request decided: whether what waits (settlements, or positions of records
+        that decided nothing) is to be committed now."""
+        if self._settling:
+            return time.monotonic() - self._settling_since >= self.SETTLE_LINGER_S
+        return self._idle.due(polled)
+
+    def _forget_unwritten(self) -> None:
+        """After a seek to the committed positions: what waited is decided again from there."""
+        self._settling = []
+        self._idle.saved()
+
+    def flush(self) -> None:
+        """Writes settlements that wait, now (before a close)."""
+        if self._settling:
+            outputs, self._settling = self._settling, []
+            self._consumer.commit_with(to_outputs(outputs))
+            self._idle.saved()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.run_once()
 
     def close(self) -> None:
+        try:
+            self.flush()
+        except (Fenced, EventLogError) as exc:  # read and settled again by the next owner
+            logger.warning("admission closing with settlements unwritten (%r)", exc)
         self._consumer.close()

@@ -225,3 +225,40 @@ def test_positions_of_records_that_decide_nothing_ride_with_the_next_unit(fused,
               if env.event_type == "CancelRequested" and r.offset > cancel.offset]
     fused.run_until(lambda: committed_past(late), "the late cancel's position, on its own once it has waited")
     assert units[-1] == 0
+
+
+def test_a_settlement_waits_for_the_next_decision_and_goes_out_with_it(fused, monkeypatch):
+    """Nobody waits on a settlement: the book releases the reservation as it settles, so
+    the next request is decided as if the settlement were written, and both go out in one
+    unit. With no request coming, a settlement goes out on its own after a short linger."""
+    admission = fused.admission
+    admission.SETTLE_LINGER_S = 3600.0  # until the next decision
+    admin.set_limits(admission._registry_view, tenant_id=fused.tenant, actor="tests", max_concurrent=1)  # noqa: SLF001
+    consumer = admission._consumer  # noqa: SLF001
+    real_commit, units = consumer.commit_with, []
+
+    def recording(outputs, **kwargs):
+        units.append(sorted({m.value.split(b'"event_type":"')[1].split(b'"')[0].decode() for _, m in outputs}))
+        return real_commit(outputs, **kwargs)
+    monkeypatch.setattr(consumer, "commit_with", recording)
+
+    fused.request("owed-1")
+    fused.run_until(lambda: "GenerationStarted" in fused.types(topics.OUTCOMES, "owed-1"), "the first to start")
+    fused.cancel("owed-1")
+    fused.run_until(lambda: "GenerationCancelled" in fused.types(topics.OUTCOMES, "owed-1"), "the first to end")
+    for _ in range(10):
+        fused.run_until(lambda: True, "a round")
+    assert "UsageSettled" not in fused.types(topics.LEDGER, "owed-1"), "the settlement waits"
+
+    # One concurrent request allowed: the second is admitted, since the first is settled
+    # in the book, and the settlement is written with it.
+    fused.request("owed-2")
+    fused.run_until(lambda: "GenerationStarted" in fused.types(topics.OUTCOMES, "owed-2"), "the second to start")
+    assert fused.types(topics.LEDGER, "owed-2") == ["BudgetReserved", "GenerationAdmitted"]
+    assert fused.types(topics.LEDGER, "owed-1")[-2:] == ["UsageSettled", "ReservationReleased"]
+    assert {"UsageSettled", "ReservationReleased", "BudgetReserved", "GenerationAdmitted"} <= set(units[-1]), units
+
+    admission.SETTLE_LINGER_S = 0.2
+    fused.cancel("owed-2")
+    fused.run_until(lambda: "UsageSettled" in fused.types(topics.LEDGER, "owed-2"), "the second's settlement, alone")
+    assert set(units[-1]) == {"UsageSettled", "ReservationReleased"}, units
