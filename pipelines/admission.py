@@ -317,7 +317,8 @@ class AdmissionProcessor:
             self._rebuild(owned)
             return 0
         try:
-            registry = self._registry_view.refresh()
+            # Only decisions on records read the registry: an empty poll makes no look.
+            registry = self._registry_view.refresh() if records else None
             outputs: Outputs = []  # decisions on requests: someone waits for each
             settling: Outputs = []
             for record in records:

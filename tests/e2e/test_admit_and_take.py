@@ -262,3 +262,19 @@ def test_a_settlement_waits_for_the_next_decision_and_goes_out_with_it(fused, mo
     fused.cancel("owed-2")
     fused.run_until(lambda: "UsageSettled" in fused.types(topics.LEDGER, "owed-2"), "the second's settlement, alone")
     assert set(units[-1]) == {"UsageSettled", "ReservationReleased"}, units
+
+
+def test_an_idle_admission_makes_no_looks_at_the_admin_topic(fused):
+    """Only decisions on records read the registry: a poll that brings nothing asks the log
+    nothing about the admin topic (on Kafka, a round trip each)."""
+    fused.request("look-1")
+    fused.run_until(lambda: "GenerationStarted" in fused.types(topics.OUTCOMES, "look-1"), "a first decision")
+    view = fused.admission._registry_view  # noqa: SLF001
+    fused.run_until(lambda: (fused.admission.run_once(0.02), fused.admission.run_once(0.02)) == (0, 0),
+                    "admission to have read everything")
+    looks = view.checks
+    for _ in range(10):
+        assert fused.admission.run_once(0.02) == 0
+    assert view.checks == looks
+    fused.cancel("look-1")
+    fused.run_until(lambda: view.checks > looks, "a look for the cancel's unit")
