@@ -121,12 +121,17 @@ def test_work_begun_during_a_failed_take_leaves_no_trace_and_runs_once_taken(ope
     # Taken again from the committed positions, once the abandoned generation left the engine.
     run_until(worker, lambda: engine.started == ["retaken-1", "retaken-1"], "the work to be taken again")
     if not hold:
-        run_until(worker, lambda: ends(log, "retaken-1"), "the retaken work to end")
-        assert [e.event_type for e in stream_events(log, "retaken-1")] == [
+        # Its end goes to the outcomes topic first, then to the stream: wait for the stream's.
+        stream = run_until(worker, lambda: [e.event_type for e in stream_events(log, "retaken-1")
+                                            if e.event_type == "GenerationCompleted"]
+                           and stream_events(log, "retaken-1"), "the retaken work to end on its stream")
+        assert [e.event_type for e in stream] == [
             "GenerationStarted", "TokensEmitted", "GenerationCompleted"], "the abandoned run wrote something"
     assert [e.event_type for e in outcomes(log)["retaken-1"]] == (
         ["GenerationStarted"] if hold else ["GenerationStarted", "GenerationCompleted"])
-    assert worker.in_flight == (1 if hold else 0), "the abandoned generation still holds a slot"
+    # The slot of a generation that ended is freed once it has written its end; the
+    # abandoned one must not keep one for good.
+    run_until(worker, lambda: worker.in_flight == (1 if hold else 0), "the slots to settle")
 
 
 def test_the_take_spans_no_stream_partition_and_the_stream_still_opens_with_the_start(opened):
