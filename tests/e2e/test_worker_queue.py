@@ -171,7 +171,7 @@ def test_reading_back_its_own_take_costs_the_worker_no_unit_of_its_own(opened, m
     def start_copy(request_id: str):
         found = [r for p in range(log.partitions(topics.WORK_NORMAL.name))
                  for r in log.read(topics.WORK_NORMAL.name, p, 0, max_records=1000)
-                 if decode(r.value).event_type == "GenerationStarted" and decode(r.value).correlation_id == request_id]
+                 if (env := decode(r.value)).event_type == "GenerationStarted" and env.correlation_id == request_id]
         return found[0] if found else None
 
     def committed_past(record) -> bool:

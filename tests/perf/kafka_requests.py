@@ -15,6 +15,7 @@ their compute threads spin while they wait). Prints a table; records nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -28,19 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from tests.harness import MODEL_ALIAS  # noqa: E402
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
 from tests.perf.deployed import deployed  # noqa: E402
-from tests.perf.ttft_segments import first_tokens  # noqa: E402
+from tests.perf.ttft_segments import first_tokens, warm_up  # noqa: E402
 
 ROLES = ("api", "admission", "worker")
 
 
-def broker_address() -> tuple[str, int]:
-    import os
-
-    url = urlsplit(os.environ["LEDGERLM_TEST_KAFKA"])
-    return url.hostname or "127.0.0.1", url.port or 9092
+def broker_port() -> int:
+    return urlsplit(os.environ["LEDGERLM_TEST_KAFKA"]).port or 9092
 
 
 def segments_to(port: int) -> dict[int, int]:
@@ -83,17 +80,12 @@ def cpu_s(process: psutil.Process) -> float:
 
 def measure(path: str, model: Path, home: Path, requests: int) -> dict[str, tuple[float, float]]:
     """{role: (requests to the broker per generation or None, CPU ms per generation)}."""
-    _, port = broker_address()
+    port = broker_port()
     with deployed("kafka", model, home / path, max_seqs=8, take_ahead=8, stream_linger_ms=40,
                   worker_admits=path.endswith("+admit")) as platform:
         _, secret = platform.tenant()
         with httpx.Client(base_url=platform.base_url, timeout=60, headers={"Authorization": f"Bearer {secret}"}) as c:
-            warm = {"model_alias": MODEL_ALIAS, "input": "warm", "max_output_tokens": 2, "stream": False}
-            deadline = time.monotonic() + 30
-            while c.post("/v1/generations", json=warm).status_code != 200:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the platform never served the warm-up request")
-                time.sleep(0.2)
+            warm_up(c)
             for i in range(10):
                 first_tokens(c, i)
             procs = processes(port)

@@ -44,18 +44,24 @@ def first_tokens(client: httpx.Client, i: int) -> tuple[str, float, float]:
     return request_id, sent, first
 
 
+def warm_up(client: httpx.Client, timeout_s: float = 30.0) -> None:
+    """Sends a short request until the platform serves one (its first may meet a worker
+    still joining its group)."""
+    warm = {"model_alias": MODEL_ALIAS, "input": "warm", "max_output_tokens": 2, "stream": False}
+    deadline = time.monotonic() + timeout_s
+    while client.post("/v1/generations", json=warm).status_code != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the platform never served the warm-up request")
+        time.sleep(0.2)
+
+
 def measure(path: str, model: Path, home: Path, requests: int) -> dict[str, float]:
     log_kind, _, admit = path.partition("+")
     with deployed(log_kind, model, home / path, max_seqs=8, take_ahead=8, stream_linger_ms=40,
                   worker_admits=bool(admit)) as platform:
         tenant_id, secret = platform.tenant()
         with httpx.Client(base_url=platform.base_url, timeout=60, headers={"Authorization": f"Bearer {secret}"}) as c:
-            warm = {"model_alias": MODEL_ALIAS, "input": "warm", "max_output_tokens": 2, "stream": False}
-            deadline = time.monotonic() + 30
-            while c.post("/v1/generations", json=warm).status_code != 200:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the platform never served the warm-up request")
-                time.sleep(0.2)
+            warm_up(c)
             marks = []
             for i in range(requests):
                 marks.append(first_tokens(c, i))
