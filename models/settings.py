@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     # Added to the nice value of vLLM's engine processes (0: unchanged): on a shared host the
     # platform's own threads then never wait for a CPU behind model compute.
     engine_nice: int = Field(default=10, ge=0, le=19)
+    # Keep vLLM's scheduler process on the CPUs its compute threads are bound to, not
+    # beside the platform's threads: more output at saturation, at some cost to a light
+    # tenant's first token while a heavy one floods (tests/perf/RESULTS.md).
+    engine_pinned: bool = False
     # Generations a pool worker starts beyond the engine's capacity; they wait inside the
     # engine, so a finished sequence is replaced at the next step (None: the capacity again).
     worker_take_ahead: int | None = None

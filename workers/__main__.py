@@ -126,13 +126,15 @@ def serve_worker(settings: Settings, pool: str | None = None) -> int:
     runner = EngineRunner(VllmEngine.from_settings(settings)).start()
     try:
         cpus = place_beside_engine(settings, runner.engine)
+        engine_cpus = runner.engine.pin_to_compute_cpus() if settings.engine_pinned else set()
         cancel_log = open_log(settings, create_topics=False)
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000)
         close_admission = admit_beside(worker, settings, stop) if settings.worker_admits else None
         print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": close_admission is not None,
-                          "cpus": format_cpu_list(cpus) if cpus else None}), flush=True)
+                          "cpus": format_cpu_list(cpus) if cpus else None,
+                          "engine_cpus": format_cpu_list(engine_cpus) if engine_cpus else None}), flush=True)
         try:
             worker.run(stop)
         finally:

@@ -133,6 +133,25 @@ def bound_cpus(processes: list[psutil.Process], allowed: set[int]) -> set[int]:
     return bound
 
 
+def confine_threads(processes: list[psutil.Process], cpus: set[int]) -> int:
+    """Moves every thread of `processes` that may run outside `cpus` onto `cpus`; threads
+    bound within them already keep their own binding. Threads started later inherit their
+    creator's. Returns how many threads moved."""
+    moved = 0
+    for process in processes:
+        try:
+            for thread in process.threads():
+                try:
+                    if not os.sched_getaffinity(thread.id) <= cpus:
+                        os.sched_setaffinity(thread.id, cpus)
+                        moved += 1
+                except ProcessLookupError:  # the thread ended meanwhile
+                    pass
+        except psutil.NoSuchProcess:
+            pass
+    return moved
+
+
 class VllmEngine(InferenceEngine):
     def __init__(self, config: VllmEngineConfig) -> None:
         self.config = config
@@ -262,6 +281,18 @@ class VllmEngine(InferenceEngine):
     def compute_cpus(self) -> set[int]:
         """The CPUs the engine's processes bound threads to (empty: none bound, or not started)."""
         return set(self._compute_cpus)
+
+    def pin_to_compute_cpus(self) -> set[int]:
+        """Keeps all of the engine's processes on the CPUs its compute threads are bound to.
+
+        vLLM binds only its compute threads; its scheduler (the EngineCore process) may run
+        anywhere, and at the engine's lower priority it waits behind the platform's threads
+        wherever they run. Returns the CPUs it now runs on (empty: nothing bound, so nothing
+        moved)."""
+        cpus = self.compute_cpus()
+        if cpus:
+            confine_threads(self._processes, cpus)
+        return cpus
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds: queued, running, or not yet drained."""

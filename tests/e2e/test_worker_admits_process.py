@@ -1,7 +1,8 @@
 """`serve worker --admit` as deployed: the API and one worker process that also runs
 admission (no admission process at all). A request is admitted, taken in the same commit,
 streamed and settled; it never reaches a work topic. The worker and the API run off the
-CPUs vLLM bound its compute threads to. Both event logs, real vLLM."""
+CPUs vLLM bound its compute threads to; on Kafka the engine is pinned to those CPUs
+(`LEDGERLM_ENGINE_PINNED`). Both event logs, real vLLM."""
 from __future__ import annotations
 
 import json
@@ -19,9 +20,10 @@ from tests.perf.deployed import deployed
 from workers.vllm_engine import bound_cpus
 
 
-def assert_placed_off_the_engine(printed: str | None) -> None:
+def assert_placed_off_the_engine(printed: str | None, engine_printed: str | None, pinned: bool) -> None:
     """vLLM bound its compute threads to some of the host's CPUs; the worker's threads and the
-    API's run on the others, which the worker printed when ready."""
+    API's run on the others, which the worker printed when ready. Pinned, every thread of
+    the engine's processes runs on its compute CPUs, which the worker printed too."""
     allowed = os.sched_getaffinity(0)
     assert len(allowed) >= 2, f"placement needs two CPUs or more; this host gives {sorted(allowed)}"
     mine = psutil.Process().children(recursive=True)
@@ -33,17 +35,25 @@ def assert_placed_off_the_engine(printed: str | None) -> None:
         [process] = [p for p in mine if role in " ".join(p.cmdline())]
         where = {frozenset(os.sched_getaffinity(t.id)) for t in process.threads()}
         assert where == {frozenset(allowed - compute)}, f"{role} threads run on {where}"
+    engine_where = {frozenset(os.sched_getaffinity(t.id)) for p in engine for t in p.threads()}
+    if pinned:
+        assert engine_printed == format_cpu_list(compute)
+        assert all(cpus <= compute for cpus in engine_where), f"engine threads run on {engine_where}"
+    else:
+        assert engine_printed is None
+        assert frozenset(allowed) in engine_where, "unpinned, vLLM's scheduler may run anywhere"
 
 
-@pytest.mark.parametrize("log_kind", ["embedded", "kafka"])
-def test_a_worker_that_admits_serves_without_an_admission_process(log_kind, tiny_model_dir, tmp_path, kafka_url):
+@pytest.mark.parametrize("log_kind, pinned", [("embedded", False), ("kafka", True)])
+def test_a_worker_that_admits_serves_without_an_admission_process(log_kind, pinned, tiny_model_dir, tmp_path,
+                                                                   kafka_url):
     with deployed(log_kind, tiny_model_dir, tmp_path / "deployed", max_seqs=4, take_ahead=4, stream_linger_ms=0,
-                  worker_admits=True) as platform:
+                  worker_admits=True, environment={"LEDGERLM_ENGINE_PINNED": str(int(pinned))}) as platform:
         ready = [json.loads(line) for line in (tmp_path / "deployed" / "worker.log").read_text().splitlines()
                  if line.startswith("{") and '"ready"' in line]
         assert ready and ready[0]["admits"] is True
         assert not (tmp_path / "deployed" / "admission.log").exists(), "no admission process was started"
-        assert_placed_off_the_engine(ready[0]["cpus"])
+        assert_placed_off_the_engine(ready[0]["cpus"], ready[0]["engine_cpus"], pinned)
         tenant_id, secret = platform.tenant()
         body = {"model_alias": MODEL_ALIAS, "input": "one commit", "max_output_tokens": 8, "ignore_eos": True}
         with httpx.Client(base_url=platform.base_url, timeout=120,

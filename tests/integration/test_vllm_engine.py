@@ -223,3 +223,24 @@ def test_engine_processes_run_below_the_platform(vllm_engine):
     for process in processes:
         for thread in process.threads():
             assert os.getpriority(os.PRIO_PROCESS, thread.id) >= min(19, mine + vllm_engine.config.cpu_nice)
+
+
+def test_a_pinned_engine_runs_every_process_on_its_compute_cpus(engine_runner, vllm_engine):
+    """`LEDGERLM_ENGINE_PINNED`: vLLM binds only its compute threads; pinning moves the rest
+    of its processes (the EngineCore scheduler above all) onto those CPUs, and it serves on."""
+    cpus = vllm_engine.compute_cpus()
+    assert cpus and cpus < os.sched_getaffinity(0), f"vLLM bound no compute thread to part of the host's CPUs: {cpus}"
+    threads = [t.id for p in engine_processes() for t in p.threads()]
+    before = {tid: os.sched_getaffinity(tid) for tid in threads}
+    assert any(not cpus >= affinity for affinity in before.values()), "no thread was free to run elsewhere"
+    try:
+        assert vllm_engine.pin_to_compute_cpus() == cpus
+        assert all(os.sched_getaffinity(tid) <= cpus for tid in threads)
+        deltas = collect(engine_runner, request(max_output_tokens=3, ignore_eos=True))
+        assert deltas[-1].output_tokens == 3
+    finally:  # the session's engine goes back to how it was for the tests after this one
+        for tid, affinity in before.items():
+            try:
+                os.sched_setaffinity(tid, affinity)
+            except ProcessLookupError:
+                pass

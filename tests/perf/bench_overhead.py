@@ -187,13 +187,14 @@ def through_platform(path: str, runner, home: Path, args) -> dict:
         platform.close()
 
 
-def through_processes(path: str, model: Path, home: Path, args, cpus: str = "auto") -> dict:
+def through_processes(path: str, model: Path, home: Path, args, cpus: str = "auto", pinned: str = "off") -> dict:
     """The platform as deployed (`tests/perf/deployed.py`), its worker with an engine of its
-    own, configured as the direct one; `cpus` is `LEDGERLM_CPUS` ("auto": unset)."""
+    own, configured as the direct one; `cpus` is `LEDGERLM_CPUS` ("auto": unset), `pinned`
+    `LEDGERLM_ENGINE_PINNED` ("on" or "off")."""
     from tests.perf.deployed import cpus_environment, deployed
 
     log, _, admit = path.partition("+")
-    environment = cpus_environment(cpus)
+    environment = {**cpus_environment(cpus), "LEDGERLM_ENGINE_PINNED": str(int(pinned == "on"))}
     with deployed(log, model, home / f"{path}-processes-{uuid.uuid4().hex[:6]}", max_seqs=MAX_SEQS,
                   take_ahead=args.take_ahead, stream_linger_ms=args.stream_linger_ms, worker_admits=bool(admit),
                   environment=environment) as platform:
@@ -276,13 +277,15 @@ def run(args) -> dict[str, dict]:
                 print(json.dumps(rows), flush=True)
             for path in args.process_paths:
                 log, _, admit = path.partition("+")
-                for n, cpus in enumerate(args.platform_cpus):
+                runs = [(cpus, pinned) for cpus in args.platform_cpus for pinned in args.engine_pinned]
+                for n, (cpus, pinned) in enumerate(runs):
                     name = (f"through the platform as processes ({log} log"
                             f"{', admission in the worker' if admit else ''}"
-                            f"{'' if args.platform_cpus == ['auto'] else f', CPUs {cpus}'})")
+                            f"{'' if args.platform_cpus == ['auto'] else f', CPUs {cpus}'}"
+                            f"{'' if args.engine_pinned == ['off'] else f', engine pinned {pinned}'})")
                     if name in rows:
                         name += f" #{n + 1}"
-                    rows[name] = through_processes(path, config.model, home, args, cpus)
+                    rows[name] = through_processes(path, config.model, home, args, cpus, pinned)
                     print(json.dumps(rows), flush=True)
             with CpuMeter() as meter:
                 last = runner.submit(direct(runner.engine._llm, args))  # noqa: SLF001
@@ -333,6 +336,9 @@ def main() -> None:
     parser.add_argument("--platform-cpus", nargs="+", default=["auto"], metavar="CPUS",
                         help=f"with --process-paths: run each path once per value of LEDGERLM_CPUS, in turn "
                              f"({CPUS_HELP})")
+    parser.add_argument("--engine-pinned", nargs="+", default=["off"], choices=["off", "on"],
+                        help="with --process-paths: run each path once per value of LEDGERLM_ENGINE_PINNED, in "
+                             "turn (on: the worker keeps all of vLLM's processes on its compute CPUs)")
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=2 * MAX_SEQS)

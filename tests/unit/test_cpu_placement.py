@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from models.settings import Settings, format_cpu_list, parse_cpu_list
-from workers.vllm_engine import bound_cpus
+from workers.vllm_engine import bound_cpus, confine_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -185,6 +185,40 @@ def test_bound_cpus_are_those_of_threads_narrower_than_the_host():
         child.kill()
         child.wait(timeout=10)
     assert bound_cpus([process], set(ALLOWED)) == set(), "a process that is gone binds nothing"
+
+
+def test_confining_moves_the_free_threads_and_leaves_those_bound_within():
+    """How a pinned engine (`LEDGERLM_ENGINE_PINNED`) keeps its scheduler beside its compute
+    thread: every thread free to run elsewhere moves; one bound inside the CPUs stays."""
+    first, second = two_cpus()
+    script = textwrap.dedent(f"""
+        import os, threading, time
+        def pinned():
+            os.sched_setaffinity(0, {{{first}}})
+            time.sleep(60)
+        threading.Thread(target=pinned, daemon=True).start()
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        time.sleep(0.2)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        process = psutil.Process(child.pid)
+
+        def affinities():
+            return sorted(sorted(os.sched_getaffinity(t.id)) for t in process.threads())
+        free = len(process.threads()) - 1
+        assert confine_threads([process], {first}) == free
+        assert affinities() == [[first]] * (free + 1)
+        assert confine_threads([process], {first}) == 0, "nothing is left to move"
+        assert confine_threads([process], {second}) == free + 1, "a thread bound elsewhere moves too"
+        assert affinities() == [[second]] * (free + 1)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert confine_threads([process], {first}) == 0, "a process that is gone has nothing to move"
 
 
 @pytest.mark.parametrize("command", [["-m", "api.cli", "serve", "api"], ["-m", "api.cli", "serve", "admission"],
