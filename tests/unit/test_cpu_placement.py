@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -162,12 +163,14 @@ def test_a_worker_stays_put_or_goes_where_it_is_told(bound, cpus, expected):
         assert result == {"placed": names[expected], "after": [names[expected]]}
 
 
-def test_bound_cpus_are_those_of_threads_narrower_than_the_host():
-    first, _ = two_cpus()
+@contextmanager
+def child_with_a_bound_thread(cpu: int):
+    """A process with three threads: its main one and one more free to run anywhere, and one
+    bound to `cpu`. Killed on leaving."""
     script = textwrap.dedent(f"""
         import os, threading, time
         def pinned():
-            os.sched_setaffinity(0, {{{first}}})
+            os.sched_setaffinity(0, {{{cpu}}})
             time.sleep(60)
         threading.Thread(target=pinned, daemon=True).start()
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
@@ -178,12 +181,17 @@ def test_bound_cpus_are_those_of_threads_narrower_than_the_host():
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        process = psutil.Process(child.pid)
-        assert bound_cpus([process], set(ALLOWED)) == {first}
-        assert bound_cpus([process], {first}) == set(), "a thread on every CPU there is is not bound"
+        yield psutil.Process(child.pid)
     finally:
         child.kill()
         child.wait(timeout=10)
+
+
+def test_bound_cpus_are_those_of_threads_narrower_than_the_host():
+    first, _ = two_cpus()
+    with child_with_a_bound_thread(first) as process:
+        assert bound_cpus([process], set(ALLOWED)) == {first}
+        assert bound_cpus([process], {first}) == set(), "a thread on every CPU there is is not bound"
     assert bound_cpus([process], set(ALLOWED)) == set(), "a process that is gone binds nothing"
 
 
@@ -191,22 +199,7 @@ def test_confining_moves_the_free_threads_and_leaves_those_bound_within():
     """How a pinned engine (`LEDGERLM_ENGINE_PINNED`) keeps its scheduler beside its compute
     thread: every thread free to run elsewhere moves; one bound inside the CPUs stays."""
     first, second = two_cpus()
-    script = textwrap.dedent(f"""
-        import os, threading, time
-        def pinned():
-            os.sched_setaffinity(0, {{{first}}})
-            time.sleep(60)
-        threading.Thread(target=pinned, daemon=True).start()
-        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
-        time.sleep(0.2)
-        print("ready", flush=True)
-        time.sleep(60)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        process = psutil.Process(child.pid)
-
+    with child_with_a_bound_thread(first) as process:
         def affinities():
             return sorted(sorted(os.sched_getaffinity(t.id)) for t in process.threads())
         free = len(process.threads()) - 1
@@ -215,9 +208,6 @@ def test_confining_moves_the_free_threads_and_leaves_those_bound_within():
         assert confine_threads([process], {first}) == 0, "nothing is left to move"
         assert confine_threads([process], {second}) == free + 1, "a thread bound elsewhere moves too"
         assert affinities() == [[second]] * (free + 1)
-    finally:
-        child.kill()
-        child.wait(timeout=10)
     assert confine_threads([process], {first}) == 0, "a process that is gone has nothing to move"
 
 
