@@ -27,7 +27,10 @@ def assert_placed_off_the_engine(printed: str | None, engine_printed: str | None
     allowed = os.sched_getaffinity(0)
     assert len(allowed) >= 2, f"placement needs two CPUs or more; this host gives {sorted(allowed)}"
     mine = psutil.Process().children(recursive=True)
-    engine = [p for p in mine if "VLLM" in p.name()]
+    # The deployed worker's engine, not the test session's own (also a child of this process).
+    [worker] = [p for p in mine if "serve worker" in " ".join(p.cmdline())]
+    engine = [p for p in worker.children(recursive=True) if "VLLM" in p.name()]
+    assert engine, "the worker's engine processes are not there"
     compute = bound_cpus(engine, allowed)
     assert compute and compute < allowed, f"vLLM bound its compute threads to {sorted(compute)} of {sorted(allowed)}"
     assert printed == format_cpu_list(allowed - compute)
