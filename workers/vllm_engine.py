@@ -13,7 +13,8 @@ What 0.32 expects, and why this adapter does what it does:
   compute; the engine still gets every cycle nobody else wants.
 - vLLM binds its compute threads to CPUs of its choosing (`VLLM_CPU_OMP_THREADS_BIND`),
   leaving some for other processes; `compute_cpus()` says which it took, so the worker can
-  keep its own threads off them.
+  keep its own threads off them. `pin_to_compute_cpus()` moves the rest of the engine's
+  processes (its scheduler) onto those CPUs too, for a worker that asks for it.
 - `AsyncLLM.shutdown(timeout)` SIGTERMs the EngineCore process, which stops its worker;
   anything still alive after that is killed here, so no process outlives `close()`.
 """
