@@ -3,7 +3,7 @@
 A processor commits its input positions with the outputs they led to, as one unit. Some
 records lead to nothing (admission reading a generation's start, a worker reading back its
 own take). Committing their positions at once costs a unit of its own (on Kafka a
-transaction: four round trips and a marker) for nothing: read again after a crash, such a
+transaction: five requests and its markers) for nothing: read again after a crash, such a
 record changes nothing again. So those positions ride with the next unit that writes
 something, or are committed on their own once they have waited `every_s`.
 """

@@ -25,7 +25,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,17 +105,26 @@ def _model_fingerprint(model: Path) -> str:
     return digest.hexdigest()
 
 
-def lower_cpu_priority(processes: list[psutil.Process], nice: int) -> None:
-    """Adds `nice` to every thread of `processes` (Linux sets it per thread, and threads
-    started later inherit their creator's). Raising it needs no privilege."""
-    if nice <= 0:
-        return
+def _thread_ids(processes: list[psutil.Process]) -> Iterator[int]:
+    """The ids of the threads of `processes` that are still there (Linux sets CPU priority
+    and placement per thread, and threads started later inherit their creator's)."""
     for process in processes:
         try:
-            for thread in process.threads():
-                current = os.getpriority(os.PRIO_PROCESS, thread.id)
-                os.setpriority(os.PRIO_PROCESS, thread.id, min(19, current + nice))
-        except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+            threads = process.threads()
+        except psutil.NoSuchProcess:
+            continue
+        for thread in threads:
+            yield thread.id
+
+
+def lower_cpu_priority(processes: list[psutil.Process], nice: int) -> None:
+    """Adds `nice` to every thread of `processes`. Raising it needs no privilege."""
+    if nice <= 0:
+        return
+    for tid in _thread_ids(processes):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        except (ProcessLookupError, PermissionError):
             pass  # gone already, or not ours to change: it keeps its priority
 
 
@@ -123,32 +132,26 @@ def bound_cpus(processes: list[psutil.Process], allowed: set[int]) -> set[int]:
     """The CPUs that threads of `processes` are bound to, where a thread may use fewer than
     `allowed` (the threads free to go anywhere say nothing)."""
     bound: set[int] = set()
-    for process in processes:
+    for tid in _thread_ids(processes):
         try:
-            for thread in process.threads():
-                cpus = os.sched_getaffinity(thread.id)
-                if cpus < allowed:
-                    bound |= cpus
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            pass
+            cpus = os.sched_getaffinity(tid)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+        if cpus < allowed:
+            bound |= cpus
     return bound
 
 
 def confine_threads(processes: list[psutil.Process], cpus: set[int]) -> int:
     """Moves every thread of `processes` that may run outside `cpus` onto `cpus`; threads
-    bound within them already keep their own binding. Threads started later inherit their
-    creator's. Returns how many threads moved."""
+    bound within them already keep their own binding. Returns how many threads moved."""
     moved = 0
-    for process in processes:
+    for tid in _thread_ids(processes):
         try:
-            for thread in process.threads():
-                try:
-                    if not os.sched_getaffinity(thread.id) <= cpus:
-                        os.sched_setaffinity(thread.id, cpus)
-                        moved += 1
-                except ProcessLookupError:  # the thread ended meanwhile
-                    pass
-        except psutil.NoSuchProcess:
+            if not os.sched_getaffinity(tid) <= cpus:
+                os.sched_setaffinity(tid, cpus)
+                moved += 1
+        except ProcessLookupError:  # the thread ended meanwhile
             pass
     return moved
 

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
+from tests.perf.deployed import role_of  # noqa: E402
 
 OVERHEAD = ROOT / "tests" / "perf" / "bench_overhead.py"
 
@@ -33,9 +34,9 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
     found = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            cmd = " ".join(child.cmdline())
-            role = ("engine " + child.name() if "VLLM" in child.name() or "VLLM" in cmd else
-                    next((r for r in ("admission", "worker", "api") if f"serve {r}" in cmd), None))
+            cmdline = child.cmdline()
+            role = ("engine " + child.name() if "VLLM" in child.name() or "VLLM" in " ".join(cmdline) else
+                    role_of(cmdline))
             if role:
                 found[child.pid] = (role, sum(child.cpu_times()[:2]))
         except psutil.NoSuchProcess:

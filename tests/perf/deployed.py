@@ -18,6 +18,12 @@ PROCESSES = {"worker": ["-m", "workers", "serve", "worker"], "admission": ["-m",
              "api": ["-m", "api.cli", "serve", "api"]}
 
 
+def role_of(cmdline: list[str]) -> str | None:
+    """Which of the deployed processes (`PROCESSES`) a command line starts, if any."""
+    cmd = " ".join(cmdline)
+    return next((role for role in PROCESSES if f"serve {role}" in cmd), None)
+
+
 # What a benchmark's CPU setting means (`--cpus`, `--platform-cpus`).
 CPUS_HELP = ("auto: unset, so the worker keeps off its engine's CPUs and the API and admission go where it says; "
              "all: no placement")

@@ -30,11 +30,8 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
-from tests.perf.deployed import deployed  # noqa: E402
+from tests.perf.deployed import deployed, role_of  # noqa: E402
 from tests.perf.ttft_segments import first_tokens, warm_up  # noqa: E402
-
-ROLES = ("api", "admission", "worker")
-
 
 def broker_port() -> int:
     return urlsplit(os.environ["LEDGERLM_TEST_KAFKA"]).port or 9092
@@ -60,10 +57,9 @@ def processes(port: int) -> dict[str, psutil.Process]:
     found: dict[str, psutil.Process] = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            cmd = " ".join(child.cmdline())
+            role = role_of(child.cmdline())
         except psutil.NoSuchProcess:
             continue
-        role = next((r for r in ROLES if f"serve {r}" in cmd), None)
         if role:
             found[role] = child
     for conn in psutil.net_connections("tcp"):

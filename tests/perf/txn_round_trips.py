@@ -41,6 +41,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
 
 from pipelines.eventlog.base import Message, TopicSpec  # noqa: E402
 from pipelines.eventlog.kafka import KafkaEventLog  # noqa: E402
+from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
 from tests.perf.bench_overhead import percentile  # noqa: E402
 
 WAYS = {"one at a time (as kafka-python)": [1, 1, 1, 1, 1], "in bursts (adds, produce + offsets, end)": [2, 2, 1]}
@@ -140,8 +141,13 @@ def main() -> None:
     args = parser.parse_args()
     url = os.environ["LEDGERLM_TEST_KAFKA"]
     bootstrap = urlsplit(url).netloc or url
-    ns = uuid.uuid4().hex[:8]
-    inputs, out, group = f"txnrt-in-{ns}", f"txnrt-out-{ns}", f"txnrt-{ns}"
+    ns = f"bench{uuid.uuid4().hex[:8]}"  # the benchmarks' prefix: `bench_topics_cleared` deletes its topics
+    inputs, out, group = f"{ns}-in", f"{ns}-out", f"{ns}-txn"
+    with bench_topics_cleared("kafka"):
+        probe(bootstrap, inputs, out, group, args)
+
+
+def probe(bootstrap: str, inputs: str, out: str, group: str, args) -> None:
     log = KafkaEventLog(bootstrap)
     try:
         log.ensure_topics([TopicSpec(inputs, 1), TopicSpec(out, 1)])
