@@ -34,15 +34,19 @@ from workers.interactive import InteractiveWorker
 MODEL_ALIAS = "tiny"
 
 
+def open_isolated_log(kind: str, home: Path, *, kafka_url: str = "", namespace: str = "") -> EventLog:
+    """A handle onto one isolated log: the embedded one under `home`, or `namespace` on the
+    Kafka at `kafka_url`. Plain arguments, so another process can open the same log."""
+    if kind == "embedded":
+        return open_event_log(f"sqlite:///{Path(home) / 'eventlog.db'}")
+    return NamespacedEventLog(open_event_log(kafka_url), namespace)
+
+
 def isolated_log_opener(kind: str, home: Path, *, kafka_url: str = "", prefix: str = "t") -> Callable[[], EventLog]:
     """A function opening fresh handles onto one isolated log: an embedded one under `home`,
     or a new namespace (`prefix` + random) on the Kafka at `kafka_url`. Topics are made."""
-    if kind == "embedded":
-        url = f"sqlite:///{home / 'eventlog.db'}"
-        open_fresh = lambda: open_event_log(url)  # noqa: E731
-    else:
-        namespace = prefix + uuid.uuid4().hex[:12]
-        open_fresh = lambda: NamespacedEventLog(open_event_log(kafka_url), namespace)  # noqa: E731
+    namespace = "" if kind == "embedded" else prefix + uuid.uuid4().hex[:12]
+    open_fresh = lambda: open_isolated_log(kind, home, kafka_url=kafka_url, namespace=namespace)  # noqa: E731
     first = open_fresh()
     first.ensure_topics(topic_specs())
     first.close()

@@ -10,13 +10,12 @@ within a few.
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pipelines.eventlog import Message, TopicSpec
 from pipelines.eventlog.kafka import KafkaEventLog
 from pipelines.eventlog.kafka_tail import KafkaTail
+from tests.perf.kafka_delivery import delivery_ms
 
 PARTITIONS = 8
 ROUNDS = 120
@@ -33,23 +32,6 @@ def kafka_log(kafka_test_servers):
     log.close()
 
 
-def delivery_ms(log: KafkaEventLog, topic: str, poll) -> list[float]:
-    """Per round: a short poll (a fetch goes out and waits at the broker), a pause, one record
-    appended to the next partition, then polls until it arrives: ms from append to arrival."""
-    times = []
-    for i in range(ROUNDS):
-        poll(0.01)
-        time.sleep(0.02)
-        value = b"round %d" % i
-        sent = time.monotonic()
-        log.append(topic, [Message("k", value, partition=i % PARTITIONS)])
-        deadline = sent + 10
-        while not any(r.value == value for r in poll(0.5)):
-            assert time.monotonic() < deadline, f"round {i}: the record never arrived"
-        times.append((time.monotonic() - sent) * 1000)
-    return times
-
-
 def assert_prompt(times: list[float]) -> None:
     late = sorted(round(t) for t in times if t > LATE_MS)
     assert len(late) <= LATE_ALLOWED, f"{len(late)} of {len(times)} records arrived late (ms): {late}"
@@ -61,7 +43,8 @@ def test_a_tail_gets_a_record_as_it_is_appended(kafka_log, fresh):
     kafka_log.append(topic, [Message("k", b"first", partition=p) for p in range(PARTITIONS)])  # metadata warm
     tail = KafkaTail(kafka_log, topic, {p: 0 for p in range(PARTITIONS)}, fetch_max_wait_ms=1000)
     try:
-        assert_prompt(delivery_ms(kafka_log, topic, lambda wait_s: tail.poll(timeout_s=wait_s)))
+        assert_prompt(delivery_ms(kafka_log, topic, lambda wait_s: tail.poll(timeout_s=wait_s),
+                                  partitions=PARTITIONS, rounds=ROUNDS))
     finally:
         tail.close()
 
@@ -75,6 +58,7 @@ def test_a_group_member_gets_a_record_as_it_is_appended(kafka_log, fresh, wait_f
         seen: list = []
         wait_for(lambda: seen.extend(member.poll(timeout_s=0.5)) or len(seen) >= PARTITIONS,
                  timeout_s=60, what="the member to join and read the first records", every_s=0)
-        assert_prompt(delivery_ms(kafka_log, topic, lambda wait_s: member.poll(timeout_s=wait_s)))
+        assert_prompt(delivery_ms(kafka_log, topic, lambda wait_s: member.poll(timeout_s=wait_s),
+                                  partitions=PARTITIONS, rounds=ROUNDS))
     finally:
         member.close()

@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Callable, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -41,7 +42,27 @@ SETTINGS = {
 LATE_MS = 50.0
 
 
-def delivery_ms(log, settings: dict, partitions: int, rounds: int) -> list[float]:
+def delivery_ms(log, topic: str, poll: Callable[[float], Iterable], *, partitions: int, rounds: int) -> list[float]:
+    """Per round: a short poll (a fetch goes out and waits at the broker), a 20 ms pause, one
+    record appended to the next partition of `topic`, then polls until it arrives; ms from
+    append to arrival. `poll(wait_s)` returns the records a consumer got."""
+    times = []
+    for i in range(rounds):
+        poll(0.01)
+        time.sleep(0.02)
+        value = b"round %d" % i
+        sent = time.monotonic()
+        log.append(topic, [Message("k", value, partition=i % partitions)])
+        deadline = sent + 10
+        while not any(r.value == value for r in poll(0.5)):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"round {i}: the record never arrived")
+        times.append((time.monotonic() - sent) * 1000)
+    return times
+
+
+def with_settings(log, settings: dict, partitions: int, rounds: int) -> list[float]:
+    """`delivery_ms` for a consumer of a fresh topic with `settings` over the client's defaults."""
     topic = "bench-delivery-" + uuid.uuid4().hex[:10]
     log.ensure_topics([TopicSpec(topic, partitions)])
     log.append(topic, [Message("k", b"warm", partition=p) for p in range(partitions)])
@@ -51,24 +72,17 @@ def delivery_ms(log, settings: dict, partitions: int, rounds: int) -> list[float
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, 0)
-    got = 0
-    while got < partitions:
-        got += sum(len(batch) for batch in consumer.poll(timeout_ms=500).values())
-    times = []
+
+    def poll(wait_s: float) -> list:
+        return [r for batch in consumer.poll(timeout_ms=int(wait_s * 1000)).values() for r in batch]
+
     try:
-        for i in range(rounds):
-            consumer.poll(timeout_ms=10)
-            time.sleep(0.02)
-            sent = time.monotonic()
-            log.append(topic, [Message("k", b"v", partition=i % partitions)])
-            deadline = sent + 10
-            while not consumer.poll(timeout_ms=600):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"round {i}: the record never arrived")
-            times.append((time.monotonic() - sent) * 1000)
+        got = 0
+        while got < partitions:
+            got += len(poll(0.5))
+        return delivery_ms(log, topic, poll, partitions=partitions, rounds=rounds)
     finally:
         consumer.close(autocommit=False)
-    return times
 
 
 def main() -> None:
@@ -81,7 +95,7 @@ def main() -> None:
         log = open_event_log(os.environ["LEDGERLM_TEST_KAFKA"])
         try:
             for name, settings in SETTINGS.items():
-                times = delivery_ms(log, settings, args.partitions, args.rounds)
+                times = with_settings(log, settings, args.partitions, args.rounds)
                 late = [t for t in times if t > LATE_MS]
                 rows.append((name, len(late), len(times), percentile(times, 0.5), percentile(times, 0.99), max(times)))
         finally:

@@ -12,8 +12,8 @@ worker with admission in it). For each request, in order:
   4. the front's tail on the stream sees the token record.
 No HTTP, no admission decision, no engine: the chain is only what the design puts on the
 log between a client's request and its first token, so its time is a floor under the
-platform's added time to first token on that log. The taker polls with the worker's
-wait and the front's tail with the API's. `--busy-cpu N` keeps a spinning process on
+platform's added time to first token on that log. A record ends a poll at once, so the
+poll waits (`--poll-wait-s`, `--tail-wait-s`) only bound idle loops. `--busy-cpu N` keeps a spinning process on
 CPU N, as a CPU engine's compute thread does while it waits.
 
     set -a && . .local/services.env && set +a
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from models import topics  # noqa: E402
 from pipelines.bootstrap import topic_specs  # noqa: E402
-from pipelines.eventlog import open_event_log  # noqa: E402
+from pipelines.eventlog import EventLog  # noqa: E402
 from pipelines.eventlog.base import Message  # noqa: E402
-from pipelines.eventlog.namespaced import NamespacedEventLog  # noqa: E402
+from tests.harness import open_isolated_log  # noqa: E402
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
 from tests.perf.bench_overhead import percentile  # noqa: E402
 
@@ -47,16 +47,14 @@ HOPS = ["prompt appended", "request appended", "taker has the request", "unit co
 STOP = "stop"
 
 
-def opener(kind: str, home: str, namespace: str):
-    if kind == "embedded":
-        return lambda: open_event_log(f"sqlite:///{home}/eventlog.db")
-    url = os.environ["LEDGERLM_TEST_KAFKA"]
-    return lambda: NamespacedEventLog(open_event_log(url), namespace)
+def open_log(kind: str, home: str, namespace: str) -> EventLog:
+    kafka_url = os.environ["LEDGERLM_TEST_KAFKA"] if kind == "kafka" else ""
+    return open_isolated_log(kind, Path(home), kafka_url=kafka_url, namespace=namespace)
 
 
 def taker(kind: str, home: str, namespace: str, ready, poll_wait_s: float) -> None:
     """Takes each request in a unit of its own, then writes its start and first tokens."""
-    log = opener(kind, home, namespace)()
+    log = open_log(kind, home, namespace)
     member = log.consumer("floor-takers", [topics.REQUESTS.name], member_id="taker-1")
     ready.set()
     try:
@@ -85,8 +83,7 @@ def spin(cpu: int) -> None:
 
 def measure(kind: str, home: str, requests: int, poll_wait_s: float, tail_wait_s: float) -> dict[str, list[float]]:
     namespace = "bench" + uuid.uuid4().hex[:12]
-    open_log = opener(kind, home, namespace)
-    log = open_log()
+    log = open_log(kind, home, namespace)
     log.ensure_topics(topic_specs())
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
