@@ -169,7 +169,7 @@ def serve_dispatcher(settings: Settings) -> int:
     import signal
     import threading
 
-    from pipelines.batch_dispatcher import dispatcher_from_settings
+    from pipelines.batch.dispatcher import dispatcher_from_settings
     from pipelines.bootstrap import open_log
 
     stop = threading.Event()

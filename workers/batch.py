@@ -25,7 +25,7 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from models.settings import Settings
-from pipelines.batch_queue import TASK_NAME, celery_config
+from pipelines.batch.queue import TASK_NAME, celery_config
 from workers.batch_engine import EngineMismatch, EngineSlot
 from workers.batch_runner import ChunkTask, report_failure, run_chunk
 

@@ -20,9 +20,9 @@ from models import topics
 from models.events import Payload, new_event
 from models.events_batch import BatchChunkCompleted, BatchChunkFailed, BatchChunkSkipped, BatchChunkStarted
 from models.summarization import Shape
-from pipelines.batch_lines import request_id
-from pipelines.batch_schemas import REQUEST_PART, SUMMARY_PART, read_table, read_usage, write_table
-from pipelines.batch_tokens import template_ids, tokenizer_for
+from pipelines.batch.lines import request_id
+from pipelines.batch.schemas import REQUEST_PART, SUMMARY_PART, read_table, read_usage, write_table
+from pipelines.batch.tokens import template_ids, tokenizer_for
 from pipelines.eventlog import EventLog
 from pipelines.objectstore import ObjectStore
 from pipelines.routing import publish

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.summarization import Shape, groups, plan, split_even
-from pipelines.batch_tokens import TemplateIds
+from pipelines.batch.tokens import TemplateIds
 from workers.batch_engine import BatchEngine, GenRequest, GenResult
 
 

@@ -12,7 +12,7 @@ from fastapi import Depends, Request
 from api.deps import ServicesDep, scope
 from models.batch import BatchState, FileState
 from models.registry import Principal
-from pipelines.batch_view import BatchView
+from pipelines.batch.view import BatchView
 from pipelines.objectstore import ObjectStore, store_from_settings
 
 _lock = threading.Lock()

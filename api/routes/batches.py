@@ -1,5 +1,5 @@
 """`/v1/batches`: OpenAI's Batch API. Requests are translated into commands of
-`pipelines.batch_submit`; the batch's progress is the dispatcher's, read from the log."""
+`pipelines.batch.submit`; the batch's progress is the dispatcher's, read from the log."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import ServicesDep
 from api.errors import ApiError
 from api.routes.batch_deps import BatchDep, BatchServicesDep, batch_object, page
-from pipelines.batch_submit import SubmitBatch, cancel_batch, submit_batch
+from pipelines.batch.submit import SubmitBatch, cancel_batch, submit_batch
 
 router = APIRouter()
 

@@ -15,7 +15,7 @@ from api.routes.batch_deps import BatchDep, BatchServicesDep, file_object, page
 from models import topics
 from models.events import new_event
 from models.events_batch import FileDeleted
-from pipelines.batch_submit import copy_upload, upload_file
+from pipelines.batch.submit import copy_upload, upload_file
 from pipelines.routing import publish
 
 router = APIRouter()

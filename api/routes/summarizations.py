@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import ServicesDep
 from api.errors import ApiError
 from api.routes.batch_deps import BatchDep, BatchServicesDep, page, summarization_object
-from pipelines.batch_submit import SubmitSummarization, cancel_batch, submit_summarization
+from pipelines.batch.submit import SubmitSummarization, cancel_batch, submit_summarization
 
 router = APIRouter()
 DEFAULT_TEMPLATE = "Summarize the following text.\n\n{text}\n\nSummary:"

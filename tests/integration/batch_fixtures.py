@@ -36,9 +36,9 @@ from models.events_admin import TenantLimitsChanged
 from models.settings import Settings
 from pipelines import admin
 from pipelines.admin import RegistryView
-from pipelines.batch_dispatcher import BatchDispatcher, limits_from_settings
-from pipelines.batch_queue import CeleryChunkQueue
-from pipelines.batch_reconcile import DispatchOptions
+from pipelines.batch.dispatcher import BatchDispatcher, limits_from_settings
+from pipelines.batch.queue import CeleryChunkQueue
+from pipelines.batch.reconcile import DispatchOptions
 from pipelines.bootstrap import topic_specs
 from pipelines.eventlog import open_event_log, partition_for
 from pipelines.eventlog.namespaced import NamespacedEventLog

@@ -16,10 +16,10 @@ from models.events import decode
 from models.events_batch import BatchChunkCompleted, BatchChunkQueued, BatchChunkStarted, BatchUsageSettled
 from models.registry import Principal
 from pipelines.admin import RegistryView, approve_model, create_tenant
-from pipelines.batch_dispatcher import BatchDispatcher
-from pipelines.batch_reconcile import DispatchOptions
-from pipelines.batch_submit import SubmitBatch, submit_batch, upload_file
-from pipelines.batch_view import BatchView
+from pipelines.batch.dispatcher import BatchDispatcher
+from pipelines.batch.reconcile import DispatchOptions
+from pipelines.batch.submit import SubmitBatch, submit_batch, upload_file
+from pipelines.batch.view import BatchView
 from pipelines.bootstrap import topic_specs
 from pipelines.eventlog import open_event_log
 from pipelines.objectstore import open_object_store

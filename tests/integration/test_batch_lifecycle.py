@@ -12,7 +12,7 @@ from models.events_batch import (
     BatchCancelRequested, BatchChunkCompleted, BatchChunkQueued, BatchChunkSkipped, BatchChunkStarted,
     BatchUsageSettled,
 )
-from pipelines.batch_tokens import encode_chat, tokenizer_for
+from pipelines.batch.tokens import encode_chat, tokenizer_for
 from tests.harness import wait_until
 from tests.integration.test_batch_api import jsonl, lines_of, request_line, upload
 

@@ -41,7 +41,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the batch wor
 from models.events_batch import BatchChunkCompleted  # noqa: E402
 from models.settings import Settings  # noqa: E402
 from pipelines import admin  # noqa: E402
-from pipelines.batch_tokens import encode_completion, tokenizer_for  # noqa: E402
+from pipelines.batch.tokens import encode_completion, tokenizer_for  # noqa: E402
 from workers.tiny_model import make_tiny_model  # noqa: E402
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash  # noqa: E402
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from models.summarization import PlanError, Shape, groups, plan, split_even
-from pipelines.batch_lines import LineError, parse_line
-from pipelines.batch_submit import sniff_format
+from pipelines.batch.lines import LineError, parse_line
+from pipelines.batch.submit import sniff_format
 from pipelines.objectstore import check_key
 
 CHAT = "/v1/chat/completions"

@@ -3,7 +3,7 @@ are split and reduced, short ones take one call, and usage adds up over every ca
 from __future__ import annotations
 
 from models.summarization import Shape, plan
-from pipelines.batch_tokens import TemplateIds
+from pipelines.batch.tokens import TemplateIds
 from workers.batch_engine import GenResult
 from workers.summarize import summarize_documents
 

@@ -18,8 +18,8 @@ from models import batch_keys as keys
 from models.batch import BatchState, ChunkState
 from models.events_batch import BatchCancelled, BatchCompleted, BatchExpired, FileUploaded, RequestCounts
 from models.summarization import OUTPUT_SCHEMA
-from pipelines.batch_lines import error_line
-from pipelines.batch_schemas import SUMMARY_PART, read_table, write_table
+from pipelines.batch.lines import error_line
+from pipelines.batch.schemas import SUMMARY_PART, read_table, write_table
 from pipelines.objectstore import ObjectStore
 
 SKIP_MESSAGES = {

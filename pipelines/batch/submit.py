@@ -19,8 +19,8 @@ from models.events import Envelope, Payload, new_event
 from models.events_batch import BatchCancelRequested, BatchSubmitted, FileUploaded, SummarizationSpec
 from models.registry import Principal, Registry
 from models.summarization import PlanError, Shape
-from pipelines.batch_tokens import template_ids, tokenizer_for
-from pipelines.batch_view import BatchView
+from pipelines.batch.tokens import template_ids, tokenizer_for
+from pipelines.batch.view import BatchView
 from pipelines.eventlog import EventLog
 from pipelines.objectstore import ObjectStore
 from pipelines.routing import publish

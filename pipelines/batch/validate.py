@@ -15,9 +15,9 @@ from models.events_batch import BatchError, ChunkPlan
 from models.registry import Registry, Revision
 from models.summarization import PlanError, Shape, plan
 from pipelines.admission import cost_micros
-from pipelines.batch_lines import LineError, ParsedLine, error_line, parse_line
-from pipelines.batch_schemas import DOCUMENT_INPUT, REQUEST_INPUT, write_table
-from pipelines.batch_tokens import encode_chat, encode_completion, encode_text, template_ids, tokenizer_for
+from pipelines.batch.lines import LineError, ParsedLine, error_line, parse_line
+from pipelines.batch.schemas import DOCUMENT_INPUT, REQUEST_INPUT, write_table
+from pipelines.batch.tokens import encode_chat, encode_completion, encode_text, template_ids, tokenizer_for
 from pipelines.objectstore import ObjectNotFound, ObjectStore
 
 

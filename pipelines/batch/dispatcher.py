@@ -26,8 +26,8 @@ from models.events import Envelope, EventDecodeError, decode, new_event
 from models.registry import Registry
 from models.settings import Settings
 from pipelines.admin import RegistryView
-from pipelines.batch_queue import ChunkQueue
-from pipelines.batch_reconcile import DispatchOptions, Reconciler
+from pipelines.batch.queue import ChunkQueue
+from pipelines.batch.reconcile import DispatchOptions, Reconciler
 from pipelines.eventlog import EventLog, Fenced
 from pipelines.objectstore import ObjectStore
 from pipelines.routing import to_outputs
@@ -144,7 +144,7 @@ class BatchDispatcher:
 
 
 def dispatcher_from_settings(settings: Settings, log: EventLog) -> BatchDispatcher:
-    from pipelines.batch_queue import CeleryChunkQueue
+    from pipelines.batch.queue import CeleryChunkQueue
     from pipelines.objectstore import store_from_settings
 
     queue = CeleryChunkQueue(settings.celery_broker_url, settings.batch_queue,

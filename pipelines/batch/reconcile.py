@@ -30,9 +30,9 @@ from models.events_batch import (
 )
 from models.registry import Registry
 from pipelines.admission import cost_micros
-from pipelines.batch_finalize import _JsonlOut, finalize_requests, finalize_summaries
-from pipelines.batch_queue import ChunkQueue
-from pipelines.batch_validate import BatchInputError, validate_documents, validate_requests
+from pipelines.batch.finalize import _JsonlOut, finalize_requests, finalize_summaries
+from pipelines.batch.queue import ChunkQueue
+from pipelines.batch.validate import BatchInputError, validate_documents, validate_requests
 from pipelines.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
