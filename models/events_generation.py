@@ -116,8 +116,12 @@ class GenerationQueued(Payload):
 class GenerationStarted(Payload):
     request_id: str
     worker_id: str
+    # The revision of the worker that runs it (only workers of the pinned revision take its
+    # work), and the config hash of the engine that worker really loaded; absent (and left
+    # out of the bytes) on starts written before workers announced their engine.
     model_revision: str
     queued_ms: int = Field(ge=0)
+    engine_config_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("TokensEmitted")

@@ -5,6 +5,8 @@ and replayed forever; text lives only on the bounded-retention topics.
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 DAY_MS = 24 * 3600 * 1000
@@ -37,17 +39,32 @@ WORK_BY_PRIORITY = {"high": WORK_HIGH, "normal": WORK_NORMAL}
 SHARED_POOL = "interactive"
 
 
-def work_topic(pool: str | None, priority: str) -> Topic:
-    """Where admitted work of a pool and priority waits. The shared interactive pool uses
-    WORK_HIGH/WORK_NORMAL; a dedicated pool (a tenant's `pool` limit) gets its own pair,
-    so only workers started for it take that work. Anything but 'high' queues as normal."""
-    if pool is None or pool == SHARED_POOL:
-        return WORK_HIGH if priority == "high" else WORK_NORMAL
+def revision_slug(revision: str) -> str:
+    """A revision as a topic-name part: the characters Kafka allows, and a short digest of
+    the revision itself so two revisions never share a name ('a@b' and 'a-b')."""
+    digest = hashlib.sha256(revision.encode()).hexdigest()[:8]
+    readable = re.sub(r"[^A-Za-z0-9._-]", "-", revision)[:80]
+    return f"{readable}-{digest}"
+
+
+def work_topic(pool: str | None, priority: str, revision: str | None = None) -> Topic:
+    """Where admitted work of a pool, priority and model revision waits. Work pinned to a
+    revision waits on that revision's own topics, which only workers serving it read, so no
+    request runs on a model it was not pinned to. The shared interactive pool without a
+    revision uses WORK_HIGH/WORK_NORMAL; a dedicated pool (a tenant's `pool` limit) gets its
+    own pair. Anything but 'high' queues as normal."""
     level = "high" if priority == "high" else "normal"
-    return Topic(f"ledgerlm.work.dedicated-{pool}-{level}", 4, 1 * DAY_MS, "tenant",
-                 f"GenerationQueued for the dedicated pool {pool}, priority {level}")
+    shared = pool is None or pool == SHARED_POOL
+    if revision is None:
+        if shared:
+            return WORK_HIGH if level == "high" else WORK_NORMAL
+        return Topic(f"ledgerlm.work.dedicated-{pool}-{level}", 4, 1 * DAY_MS, "tenant",
+                     f"GenerationQueued for the dedicated pool {pool}, priority {level}")
+    lane = f"interactive-{level}" if shared else f"dedicated-{pool}-{level}"
+    return Topic(f"ledgerlm.work.{lane}.{revision_slug(revision)}", 4, 1 * DAY_MS, "tenant",
+                 f"GenerationQueued for pool {pool or SHARED_POOL}, priority {level}, revision {revision}")
 
 
-def pool_work_topics(pool: str | None) -> tuple[Topic, Topic]:
-    """A pool's work topics, high priority first."""
-    return work_topic(pool, "high"), work_topic(pool, "normal")
+def pool_work_topics(pool: str | None, revision: str | None = None) -> tuple[Topic, Topic]:
+    """A pool's work topics for one revision (or the unrevisioned ones), high priority first."""
+    return work_topic(pool, "high", revision), work_topic(pool, "normal", revision)
