@@ -18,32 +18,28 @@ class Capacity(Payload):
     max_model_len: int = Field(gt=0)
 
 
-@event("WorkerJoined")
-class WorkerJoined(Payload):
-    """A worker is ready to take work: `engine_config_hash` is that of the engine it loaded."""
+class Announcement(Payload):
+    """What a worker is, as its join says and every heartbeat repeats."""
 
     worker_id: str
     pool: str
     model_revision: str
-    engine_config_hash: str
+    engine_config_hash: str  # of the engine the worker actually loaded
     host: str
     pid: int = Field(ge=0)
     capacity: Capacity
     heartbeat_interval_ms: int = Field(gt=0)
+
+
+@event("WorkerJoined")
+class WorkerJoined(Announcement):
+    """A worker is ready to take work."""
 
 
 @event("WorkerHeartbeat")
-class WorkerHeartbeat(Payload):
-    """The worker's load now, with its identity and capacity repeated (see the module doc)."""
+class WorkerHeartbeat(Announcement):
+    """The worker's load now, with its announcement repeated (see the module doc)."""
 
-    worker_id: str
-    pool: str
-    model_revision: str
-    engine_config_hash: str
-    host: str
-    pid: int = Field(ge=0)
-    capacity: Capacity
-    heartbeat_interval_ms: int = Field(gt=0)
     seq: int = Field(ge=0)  # increases with each heartbeat of one worker process
     draining: bool = False  # repeated too, so a late reader does not send work to a draining worker
     running: int = Field(ge=0)

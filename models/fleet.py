@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Iterable, Literal
 
 from models.events import Payload
-from models.events_fleet import Capacity, WorkerDraining, WorkerHeartbeat, WorkerJoined, WorkerLeft
+from models.events_fleet import Announcement, Capacity, WorkerDraining, WorkerHeartbeat, WorkerJoined, WorkerLeft
 
 Status = Literal["live", "draining", "lost", "left"]
 LOST_AFTER_INTERVALS = 3
@@ -93,11 +93,7 @@ class FleetState:
         """Folds one fleet event that happened `at`; other events are ignored."""
         if isinstance(event, WorkerJoined):
             # A join starts a new life of the worker id: nothing of an earlier one carries over.
-            self._workers[event.worker_id] = WorkerState(
-                worker_id=event.worker_id, pool=event.pool, model_revision=event.model_revision,
-                engine_config_hash=event.engine_config_hash, host=event.host, pid=event.pid,
-                capacity=event.capacity, heartbeat_interval_ms=event.heartbeat_interval_ms,
-                joined_at=at, last_seen=at)
+            self._workers[event.worker_id] = WorkerState(**_announced(event), joined_at=at, last_seen=at)
         elif isinstance(event, WorkerHeartbeat):
             self._beat(event, at)
         elif isinstance(event, WorkerDraining):
@@ -112,16 +108,11 @@ class FleetState:
         w = self._workers.get(hb.worker_id)
         if w is not None and (w.left_at is not None or hb.seq <= w.seq):
             return  # a stray beat after leaving, or one already folded
-        base = w or WorkerState(worker_id=hb.worker_id, pool=hb.pool, model_revision=hb.model_revision,
-                                engine_config_hash=hb.engine_config_hash, host=hb.host, pid=hb.pid,
-                                capacity=hb.capacity, heartbeat_interval_ms=hb.heartbeat_interval_ms,
-                                joined_at=None, last_seen=at)
+        base = w or WorkerState(**_announced(hb), joined_at=None, last_seen=at)
         self._workers[hb.worker_id] = replace(
-            base, pool=hb.pool, model_revision=hb.model_revision, engine_config_hash=hb.engine_config_hash,
-            host=hb.host, pid=hb.pid, capacity=hb.capacity, heartbeat_interval_ms=hb.heartbeat_interval_ms,
-            last_seen=max(base.last_seen, at), seq=hb.seq, running=hb.running, waiting=hb.waiting,
-            free_slots=hb.free_slots, kv_cache_usage=hb.kv_cache_usage, output_tokens_per_s=hb.output_tokens_per_s,
-            draining=base.draining or hb.draining)
+            base, **_announced(hb), last_seen=max(base.last_seen, at), seq=hb.seq, running=hb.running,
+            waiting=hb.waiting, free_slots=hb.free_slots, kv_cache_usage=hb.kv_cache_usage,
+            output_tokens_per_s=hb.output_tokens_per_s, draining=base.draining or hb.draining)
 
     def forget(self, before: datetime) -> int:
         """Drops workers that left or went silent before `before` (bounds memory); returns how many."""
@@ -163,6 +154,11 @@ class FleetState:
     def revisions(self, now: datetime, lost_after_s: float | None = None, *, pool: str | None = None) -> set[str]:
         """Revisions some live worker (of `pool`, when given) takes work for now."""
         return {w.model_revision for w in self.serving(now, lost_after_s, pool=pool)}
+
+
+def _announced(event: Announcement) -> dict:
+    # Attributes, not model_dump: the capacity stays a Capacity.
+    return {name: getattr(event, name) for name in Announcement.model_fields}
 
 
 def summed(workers: Iterable[WorkerState]) -> dict[tuple[str, str], PoolCapacity]:
