@@ -1,11 +1,12 @@
 """`FleetView`: what a process (API, admission) knows of the worker fleet, read from the
 fleet topic.
 
-It starts reading at `now - lost_after_s - one heartbeat interval`: every worker alive
-then has a heartbeat (which repeats its identity and capacity) in that suffix, so no older
-record is needed. `refresh()` reads what was appended before it was called, bounded in records and time,
-never waiting for more; queries answer from the state as of the last refresh, judged
-against the clock now (so a worker goes lost without a refresh).
+It starts reading at `now - lost_after_s - one heartbeat interval` (`lost_after_s` is by
+default three of each worker's own intervals): every worker alive then has a heartbeat,
+which repeats its identity and capacity, in that suffix, so no older record is needed.
+`refresh()` reads what was appended before it was called, bounded in records and time,
+never waiting for more. Queries answer from the state as of the last refresh, judged
+against the clock now (so a silent worker goes lost without a refresh).
 
 An event counts at its record's timestamp (the writer's clock, capped at the reader's
 now): hosts' clocks must agree well within `lost_after_s`, as NTP gives.
@@ -20,13 +21,14 @@ from typing import Callable
 
 from models import topics
 from models.events import EventDecodeError, decode
-from models.fleet import FleetState, PoolCapacity, WorkerState
+from models.fleet import LOST_AFTER_INTERVALS, FleetState, PoolCapacity, WorkerState
 from pipelines.eventlog import EventLog
 from pipelines.eventlog.base import Tail
 
 logger = logging.getLogger(__name__)
 
-# Heartbeat interval assumed for the read-back window; workers beat about once a second.
+# The heartbeat interval the read-back window assumes (workers beat about once a second);
+# a view of slower workers is told theirs.
 DEFAULT_INTERVAL_S = 1.0
 
 
@@ -35,14 +37,16 @@ def wall_clock() -> datetime:
 
 
 class FleetView:
-    def __init__(self, log: EventLog, *, lost_after_s: float = 3 * DEFAULT_INTERVAL_S,
+    def __init__(self, log: EventLog, *, lost_after_s: float | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], datetime] = wall_clock,
                  forget_after_s: float = 600.0, max_records: int = 5000, max_read_s: float = 0.5):
         self._log = log
-        self.lost_after_s = lost_after_s
+        self.lost_after_s = lost_after_s  # None: three of each worker's own heartbeat intervals
         self._interval_s = interval_s
         self._clock = clock
-        self._forget_after = timedelta(seconds=max(forget_after_s, lost_after_s))
+        # How far back a worker alive now last beat: the read-back window, less one interval.
+        self._silence_s = lost_after_s if lost_after_s is not None else LOST_AFTER_INTERVALS * interval_s
+        self._forget_after = timedelta(seconds=max(forget_after_s, self._silence_s))
         self._max_records, self._max_read_s = max_records, max_read_s
         self._state = FleetState()
         self._tail: Tail | None = None
@@ -76,7 +80,7 @@ class FleetView:
         if self._tail is None:
             name = topics.FLEET.name
             tail = self._log.tail(name, {p: 0 for p in range(self._log.partitions(name))})
-            since = self._clock() - timedelta(seconds=self.lost_after_s + self._interval_s)
+            since = self._clock() - timedelta(seconds=self._silence_s + self._interval_s)
             tail.seek_to_time(int(since.timestamp() * 1000))
             self._tail = tail
         return self._tail

@@ -63,6 +63,7 @@ def workers(opener):
     yield start
     for worker in started:
         worker.presence._stop.set()  # noqa: SLF001 - a killed one must not say it left now
+        worker.presence._thread.join(5)  # noqa: SLF001
         worker.log.close()
 
 
