@@ -31,9 +31,11 @@ STREAM = Topic("ledgerlm.stream", 8, 1 * DAY_MS, "request", "GenerationStarted, 
 WORK_HIGH = Topic("ledgerlm.work.interactive-high", 4, 1 * DAY_MS, "tenant", "GenerationQueued, priority high")
 WORK_NORMAL = Topic("ledgerlm.work.interactive-normal", 4, 1 * DAY_MS, "tenant", "GenerationQueued, priority normal")
 BATCHES = Topic("ledgerlm.batches", 8, None, "tenant", "files, batches, their chunks, budgets and outcomes (no text)")
+# Not durable: heartbeats are many, and a fleet view is built from any recent suffix of it.
+FLEET = Topic("ledgerlm.fleet", 4, 1 * DAY_MS, "worker", "WorkerJoined, WorkerHeartbeat, WorkerDraining, WorkerLeft")
 
 DURABLE = (ADMIN, REQUESTS, LEDGER, OUTCOMES, BATCHES)
-ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMAL, BATCHES)
+ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMAL, BATCHES, FLEET)
 WORK_BY_PRIORITY = {"high": WORK_HIGH, "normal": WORK_NORMAL}
 
 SHARED_POOL = "interactive"

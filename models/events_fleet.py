@@ -1,0 +1,64 @@
+"""Events of the worker fleet: each worker announces itself, heartbeats its load, and
+says when it drains and leaves. They live on `topics.FLEET` (keyed by worker id, bounded
+retention), so a heartbeat repeats what the worker is and what it can hold: a reader that
+starts anywhere in the topic knows the whole fleet after one heartbeat interval.
+"""
+from __future__ import annotations
+
+from pydantic import Field
+
+from models.events import Payload, event
+
+
+class Capacity(Payload):
+    """What one worker's engine can hold at once."""
+
+    max_seqs: int = Field(gt=0)
+    kv_cache_tokens: int = Field(ge=0)
+    max_model_len: int = Field(gt=0)
+
+
+class Announcement(Payload):
+    """What a worker is, as its join says and every heartbeat repeats."""
+
+    worker_id: str
+    pool: str
+    model_revision: str
+    engine_config_hash: str  # of the engine the worker actually loaded
+    host: str
+    pid: int = Field(ge=0)
+    capacity: Capacity
+    heartbeat_interval_ms: int = Field(gt=0)
+
+
+@event("WorkerJoined")
+class WorkerJoined(Announcement):
+    """A worker is ready to take work."""
+
+
+@event("WorkerHeartbeat")
+class WorkerHeartbeat(Announcement):
+    """The worker's load now, with its announcement repeated (see the module doc)."""
+
+    seq: int = Field(ge=0)  # increases with each heartbeat of one worker process
+    draining: bool = False  # repeated too, so a late reader does not send work to a draining worker
+    running: int = Field(ge=0)
+    waiting: int = Field(ge=0)
+    free_slots: int = Field(ge=0)
+    kv_cache_usage: float = Field(ge=0.0, le=1.0)
+    output_tokens_per_s: float = Field(ge=0.0)
+
+
+@event("WorkerDraining")
+class WorkerDraining(Payload):
+    """The worker takes no new work; it finishes what it runs, then leaves."""
+
+    worker_id: str
+    reason: str
+
+
+@event("WorkerLeft")
+class WorkerLeft(Payload):
+    worker_id: str
+    reason: str
+    exit_code: int | None = None

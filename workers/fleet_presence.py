@@ -1,0 +1,136 @@
+"""`FleetPresence`: a worker's voice on the fleet topic. It says the worker joined, beats
+its load every interval from a daemon thread, says when it drains, and that it left.
+
+Nothing here may stop the worker: a failed append is logged and the next beat tries
+again (a join that failed is sent again before the next heartbeat, so readers always see
+a worker's join before its heartbeats), and `close` gives up after `close_timeout_s`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from models import topics
+from models.events import Envelope, Payload, encode, new_event
+from models.events_fleet import Capacity, WorkerDraining, WorkerHeartbeat, WorkerJoined, WorkerLeft
+from pipelines.admin import PLATFORM
+from pipelines.eventlog import EventLog, Message
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """What a worker serves, from the engine it actually loaded."""
+
+    worker_id: str
+    pool: str
+    model_revision: str
+    engine_config_hash: str
+    capacity: Capacity
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    running: int
+    waiting: int
+    free_slots: int
+    kv_cache_usage: float  # 0..1
+    output_tokens_per_s: float
+
+
+class FleetPresence:
+    def __init__(self, log: EventLog, identity: WorkerIdentity, load: Callable[[], Load], *,
+                 interval_s: float = 1.0, close_timeout_s: float = 5.0):
+        self._log, self.identity, self._load = log, identity, load
+        self.interval_s = interval_s
+        self._close_timeout_s = close_timeout_s
+        self._interval_ms = max(1, round(interval_s * 1000))
+        self._session = uuid.uuid4().hex  # correlation id of this process's fleet events
+        self._seq = 0
+        self._joined = False
+        self._draining = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sending = threading.Lock()  # one append at a time, so a worker's events stay in order
+
+    def start(self) -> None:
+        """Announces the worker and starts beating. Returns even if the join could not be
+        appended (the next beat sends it)."""
+        if self._thread is not None:
+            raise RuntimeError("fleet presence already started")
+        self._join()
+        self._thread = threading.Thread(target=self._run, name=f"{self.identity.worker_id}-fleet", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+    def beat(self) -> None:
+        """One heartbeat now (the thread calls this every interval)."""
+        if not self._joined and not self._join():
+            return
+        try:
+            load = self._load()
+            heartbeat = WorkerHeartbeat(
+                **self._who(), seq=self._seq, draining=self._draining, running=load.running,
+                waiting=load.waiting, free_slots=load.free_slots,
+                kv_cache_usage=min(1.0, max(0.0, load.kv_cache_usage)),
+                output_tokens_per_s=max(0.0, load.output_tokens_per_s))
+        except Exception:
+            logger.exception("fleet: %s could not read its load; no heartbeat this time", self.identity.worker_id)
+            return
+        if self._send(heartbeat):
+            self._seq += 1
+
+    def draining(self, reason: str) -> None:
+        """Says the worker takes no new work; its heartbeats say so from now on too."""
+        self._draining = True
+        self._send(WorkerDraining(worker_id=self.identity.worker_id, reason=reason))
+
+    def close(self, reason: str = "shutdown", exit_code: int | None = None) -> None:
+        """Stops beating and says the worker left, giving up after `close_timeout_s`."""
+        deadline = time.monotonic() + self._close_timeout_s
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._close_timeout_s)
+        # The leave goes out from a thread of its own, so a log that hangs cannot hold the
+        # worker's exit past the timeout.
+        leaving = threading.Thread(target=self._send, name=f"{self.identity.worker_id}-fleet-left", daemon=True,
+                                   args=(WorkerLeft(worker_id=self.identity.worker_id, reason=reason,
+                                                    exit_code=exit_code),))
+        leaving.start()
+        leaving.join(max(0.0, deadline - time.monotonic()))
+        if leaving.is_alive():
+            logger.warning("fleet: %s could not say it left within %.1fs", self.identity.worker_id,
+                           self._close_timeout_s)
+
+    def _join(self) -> bool:
+        self._joined = self._send(WorkerJoined(**self._who()))
+        return self._joined
+
+    def _who(self) -> dict:
+        i = self.identity
+        return dict(worker_id=i.worker_id, pool=i.pool, model_revision=i.model_revision,
+                    engine_config_hash=i.engine_config_hash, host=i.host, pid=i.pid, capacity=i.capacity,
+                    heartbeat_interval_ms=self._interval_ms)
+
+    def _send(self, payload: Payload) -> bool:
+        env: Envelope = new_event(payload, tenant_id=PLATFORM, correlation_id=self._session)
+        try:
+            with self._sending:
+                self._log.append(topics.FLEET.name, [Message(key=self.identity.worker_id, value=encode(env))])
+            return True
+        except Exception:
+            logger.exception("fleet: %s could not append %s; the next beat tries again",
+                             self.identity.worker_id, payload.event_type)
+            return False
