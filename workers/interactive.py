@@ -39,7 +39,7 @@ from models.events_generation import (
 )
 from models.topics import Topic
 from pipelines.admission import Taking
-from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicPartition, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.routing import Outputs, to_outputs
 from workers.cancel_watch import CancelWatch
@@ -61,6 +61,10 @@ class QueuedWork(NamedTuple):
     partition: int
     offset: int
     queued: Envelope
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self.topic, self.partition
 
     @property
     def request_id(self) -> str:
@@ -263,7 +267,7 @@ class InteractiveWorker:
 
     def _release(self, work: QueuedWork) -> None:
         """Its partition's commit point may move past it (taken, ended, or someone else's)."""
-        self._positions.release((work.topic, work.partition), work.offset)
+        self._positions.release(work.topic_partition, work.offset)
 
     def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[WorkItem, Envelope, int]]:
         """Takes items while their tenants may have a slot; appends what to write to `outputs`."""
@@ -271,8 +275,7 @@ class InteractiveWorker:
         starting = []
         with self._slots_lock:
             def eligible(item: WorkItem) -> bool:
-                work = item.value
-                return (work.topic, work.partition) not in blocked and self._slots.may_start(item.tenant_id)
+                return item.value.topic_partition not in blocked and self._slots.may_start(item.tenant_id)
 
             while (item := self._queue.pop(eligible)) is not None:
                 self._items.pop(item.value.request_id, None)
