@@ -23,7 +23,7 @@ slot and nothing waits in its queue, it starts the generation at once, and the r
 `GenerationStarted` replaces its `GenerationQueued` in the admission's own commit. The
 work never reaches a work topic, so no other worker can see it, let alone take it, and
 the first token waits for one commit instead of two. The generation writes nothing until
-that commit is through (`Taking.settle`).
+that commit is through (`Taking.resolve`).
 """
 from __future__ import annotations
 
@@ -211,11 +211,11 @@ def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datet
 @dataclass
 class Taking:
     """Admitted work a taker started: `started` goes out in the admission's commit, and
-    `settle` is called once, True when that commit is through (the generation may write
+    `resolve` is called once, True when that commit is through (the generation may write
     from then on) and False when it is not (the generation must leave without a trace)."""
 
     started: Envelope
-    settle: Callable[[bool], None]
+    resolve: Callable[[bool], None]
 
 
 class Taker(Protocol):
@@ -291,13 +291,13 @@ class AdmissionProcessor:
                 out.append((topics.OUTCOMES, taking.started))
         return out
 
-    def _settle_takings(self, committed: bool) -> None:
+    def _resolve_takings(self, committed: bool) -> None:
         takings, self._takings = self._takings, []
         for taking in takings:
             try:
-                taking.settle(committed)
+                taking.resolve(committed)
             except Exception:  # one taker's failure must not keep the others waiting
-                logger.exception("settling a take of %s failed", taking.started.payload.request_id)
+                logger.exception("resolving a take of %s failed", taking.started.payload.request_id)
 
     def _ensure_topics(self, outputs: Outputs) -> None:
         missing = {t for t, _ in outputs if t.name not in self._known_topics}
@@ -345,14 +345,14 @@ class AdmissionProcessor:
             self._ensure_topics(outputs)
             # Taken work may write as soon as the commit is through, before (on Kafka) its
             # markers make it visible: what it writes still follows its start on the log.
-            self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._settle_takings(True))
+            self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._resolve_takings(True))
             self._settling = []
             self._idle.saved()
         except BaseException as exc:
             # The book already holds these decisions, and none of them was written (the unit
             # aborted): rebuild it from the ledger, and read the inputs again, before deciding.
             # What was started for them leaves without a trace.
-            self._settle_takings(False)
+            self._resolve_takings(False)
             self.owned = None
             if not isinstance(exc, (Fenced, EventLogError)):
                 raise

@@ -28,7 +28,7 @@ class Item(Generic[T]):
     tenant_id: str
     priority: str
     tokens: int
-    value: T
+    value: T  # what is queued (a pool worker queues `workers.interactive.QueuedWork`)
     dropped: bool = False  # taken elsewhere meanwhile: skipped, never started
 
 

@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 
 from models.events import Envelope, caused_by, decode
 from models.events_generation import (
-    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationQueued, PromptSubmitted, Timings,
+    GenerationCancelled, GenerationCompleted, GenerationFailed, PromptSubmitted, Timings,
 )
 from pipelines.eventlog import EventLog
-from workers.engine import EngineRequest, InferenceEngine
+from workers.engine import EngineDelta, EngineRequest, InferenceEngine
 from workers.stream_writer import StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -50,103 +50,152 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
     resolves False the take did not happen: the generation is abandoned (the caller aborts
     it) and returns 0 having written nothing. Once taken, the stream copy of `started_env`
     is written first (the take's own outputs leave the stream topic out)."""
-    loop = asyncio.get_running_loop()
-    item: GenerationQueued = queued_env.payload
-    req = item.request
-    t0 = time.monotonic()
-    first_token_ms: int | None = None
-    output_tokens = 0
-    digest = hashlib.sha256()
-    timer: asyncio.TimerHandle | None = None
+    take = _Take(taken, writer, started_env)
+    return await _Generation(engine, cancels, queued_env, started_env, take, writer, prompt, priority).serve()
 
-    def timings() -> Timings:
-        return Timings(queued_ms=started_env.payload.queued_ms, ttft_ms=first_token_ms,
-                       duration_ms=int((time.monotonic() - t0) * 1000))
 
-    terminal = None
-    committed = False
-    holding = False  # a delta came while the take was still committing
-    announced = False
+class _Take:
+    """The commit of a generation's take, seen from the engine's loop: whether the
+    generation may write, and the stream copy of its start (`announce`), written once.
 
-    async def take_then_announce() -> bool:
-        nonlocal announced
-        if await asyncio.wrap_future(taken):
-            if not holding:  # one holding a delta announces with it, in the same append
-                writer.announce(started_env)  # before anything else of it can be queued
-                announced = True
-            return True
-        return False
+    The start is announced as soon as the take commits, unless a delta came while it was
+    committing: that delta is held, and goes out in the same append as the start."""
 
-    take = asyncio.ensure_future(take_then_announce())
+    def __init__(self, taken: Future, writer: StreamWriter, started_env: Envelope):
+        self._writer, self._started = writer, started_env
+        self.committed = False
+        self._holding = False  # a delta waits for the commit
+        self._announced = False
+        self._outcome = asyncio.ensure_future(self._resolve(taken))
 
-    async def may_write() -> bool:
-        nonlocal committed, announced
-        if not committed:
-            committed = await take
-            if committed and not announced:
-                writer.announce(started_env)
-                announced = True
-        return committed
+    async def _resolve(self, taken: Future) -> bool:
+        if not await asyncio.wrap_future(taken):
+            return False
+        if not self._holding:  # one holding a delta announces with it, in the same append
+            self._announce()  # before anything else of the generation can be queued
+        return True
 
-    try:
-        if req.deadline_at is not None:
-            left_s = (req.deadline_at - datetime.now(timezone.utc)).total_seconds()
-            timer = loop.call_later(max(0.0, left_s), cancels.expire, req.request_id)
-        finish_reason, ran = None, False
+    def _announce(self) -> None:
+        self._writer.announce(self._started)
+        self._announced = True
 
-        def stopped() -> str | None:
-            return cancels.in_flight.get(req.request_id) or cancels.cancelled.get(req.request_id)
+    async def may_write(self, *, holding: bool = False) -> bool:
+        """Waits for the take's commit; True once it is through. `holding`: the caller has
+        a delta to write right after, which then shares the start's append."""
+        if not self.committed:
+            self._holding = self._holding or holding
+            self.committed = await self._outcome
+            if self.committed and not self._announced:
+                self._announce()
+        return self.committed
 
+
+class _Generation:
+    """One request on the engine: `serve` arms the deadline, runs the engine
+    (`_run_engine`), then writes the terminal event the run calls for (`_ending`), or a
+    failure when anything raised."""
+
+    def __init__(self, engine: InferenceEngine, cancels, queued_env: Envelope, started_env: Envelope,
+                 take: _Take, writer: StreamWriter, prompt: Future, priority: int | None):
+        self._engine, self._cancels, self._writer, self._prompt = engine, cancels, writer, prompt
+        self._queued, self._started, self._take = queued_env, started_env, take
+        self._req = queued_env.payload.request
+        self._priority = PRIORITY.get(self._req.priority, 1) if priority is None else priority
+        self._t0 = time.monotonic()
+        self._first_token_ms: int | None = None
+        self._output_tokens = 0
+        self._digest = hashlib.sha256()
+        self._ran = False  # the engine was given the request
+        self._finish_reason: str | None = None
+
+    async def serve(self) -> int:
+        timer: asyncio.TimerHandle | None = None
+        terminal = None
+        try:
+            timer = self._arm_deadline()
+            # Either way its take failed: nothing of it is written.
+            if not await self._run_engine() or not await self._take.may_write():
+                return 0
+            terminal = self._ending()
+        except Exception as exc:  # the request fails; the worker goes on
+            logger.exception("generation %s failed", self._req.request_id)
+            terminal = GenerationFailed(request_id=self._req.request_id, error_code="engine_error",
+                                        message=type(exc).__name__, input_tokens=self._req.input_tokens,
+                                        output_tokens=self._output_tokens, timings=self._timings())
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if terminal is not None and await self._take.may_write():
+                await self._writer.finish(self._started, caused_by(self._started, terminal))
+        return 1 if self._take.committed else 0
+
+    def _arm_deadline(self) -> asyncio.TimerHandle | None:
+        """At its deadline the request is aborted, and ends as cancelled ('deadline')."""
+        if self._req.deadline_at is None:
+            return None
+        left_s = (self._req.deadline_at - datetime.now(timezone.utc)).total_seconds()
+        return asyncio.get_running_loop().call_later(max(0.0, left_s), self._cancels.expire, self._req.request_id)
+
+    def _stopped(self) -> str | None:
+        """Why the request was stopped (cancelled, or its deadline), if it was."""
+        rid = self._req.request_id
+        return self._cancels.in_flight.get(rid) or self._cancels.cancelled.get(rid)
+
+    async def _run_engine(self) -> bool:
+        """Streams the request's deltas to the writer until it finishes or is stopped.
+        False when its take failed while a delta waited for it: leaving the stream then
+        aborts the engine's request."""
         # A cancel or the deadline may come before the engine knows the request, where an
         # abort finds nothing to abort: look before starting, and at every delta.
-        if not stopped():
-            text = await asyncio.wrap_future(prompt)
-        if not stopped():
-            ran = True
-            engine_request = EngineRequest(
-                request_id=req.request_id, prompt=text, max_output_tokens=req.max_output_tokens,
-                tenant_id=queued_env.tenant_id,
-                priority=PRIORITY.get(req.priority, 1) if priority is None else priority,
-                temperature=req.sampling.temperature, top_p=req.sampling.top_p, seed=req.sampling.seed,
-                stop=req.sampling.stop, ignore_eos=req.sampling.ignore_eos,
-            )
-            async with aclosing(engine.generate(engine_request)) as deltas:
-                async for delta in deltas:  # leaving early closes the stream, which aborts it
-                    if delta.text or delta.new_tokens:
-                        if not committed:
-                            holding = True
-                            if not await may_write():
-                                return 0  # leaving aborts the engine's request
-                        if first_token_ms is None:
-                            first_token_ms = int((time.monotonic() - t0) * 1000)
-                        output_tokens += delta.new_tokens
-                        digest.update(delta.text.encode())
-                        writer.tokens(started_env, delta.text, delta.new_tokens)
-                    if delta.finished:
-                        finish_reason = delta.finish_reason
-                    elif stopped():
-                        break
-            await writer.drain(started_env)
-        if not await may_write():  # its take failed: nothing of it is written
-            return 0
-        cancel_reason = stopped() or ("deadline" if finish_reason == "abort" else None)
+        if self._stopped():
+            return True
+        text = await asyncio.wrap_future(self._prompt)
+        if self._stopped():
+            return True
+        self._ran = True
+        async with aclosing(self._engine.generate(self._engine_request(text))) as deltas:
+            async for delta in deltas:  # leaving early closes the stream, which aborts it
+                if delta.text or delta.new_tokens:
+                    if not await self._take.may_write(holding=True):
+                        return False
+                    self._emit(delta)
+                if delta.finished:
+                    self._finish_reason = delta.finish_reason
+                elif self._stopped():
+                    break
+        await self._writer.drain(self._started)
+        return True
+
+    def _engine_request(self, prompt: str) -> EngineRequest:
+        req, sampling = self._req, self._req.sampling
+        return EngineRequest(
+            request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
+            tenant_id=self._queued.tenant_id, priority=self._priority,
+            temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+            stop=sampling.stop, ignore_eos=sampling.ignore_eos,
+        )
+
+    def _emit(self, delta: EngineDelta) -> None:
+        if self._first_token_ms is None:
+            self._first_token_ms = int((time.monotonic() - self._t0) * 1000)
+        self._output_tokens += delta.new_tokens
+        self._digest.update(delta.text.encode())
+        self._writer.tokens(self._started, delta.text, delta.new_tokens)
+
+    def _ending(self) -> GenerationCancelled | GenerationCompleted:
+        """The terminal event of a run that raised nothing: cancelled when it was stopped
+        (an engine abort with no stop seen is the deadline's), completed otherwise."""
+        req = self._req
+        cancel_reason = self._stopped() or ("deadline" if self._finish_reason == "abort" else None)
         if cancel_reason:
-            terminal = GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
-                                           input_tokens=req.input_tokens if ran else 0,
-                                           output_tokens=output_tokens, timings=timings())
-        else:
-            terminal = GenerationCompleted(
-                request_id=req.request_id, finish_reason=finish_reason or "stop",
-                input_tokens=req.input_tokens, output_tokens=output_tokens, model_revision=req.model_revision,
-                output_sha256=digest.hexdigest(), timings=timings())
-    except Exception as exc:  # the request fails; the worker goes on
-        logger.exception("generation %s failed", req.request_id)
-        terminal = GenerationFailed(request_id=req.request_id, error_code="engine_error",
-                                    message=type(exc).__name__, input_tokens=req.input_tokens,
-                                    output_tokens=output_tokens, timings=timings())
-    finally:
-        if timer is not None:
-            timer.cancel()
-        if terminal is not None and await may_write():
-            await writer.finish(started_env, caused_by(started_env, terminal))
-    return 1 if committed else 0
+            return GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
+                                       input_tokens=req.input_tokens if self._ran else 0,
+                                       output_tokens=self._output_tokens, timings=self._timings())
+        return GenerationCompleted(
+            request_id=req.request_id, finish_reason=self._finish_reason or "stop",
+            input_tokens=req.input_tokens, output_tokens=self._output_tokens, model_revision=req.model_revision,
+            output_sha256=self._digest.hexdigest(), timings=self._timings())
+
+    def _timings(self) -> Timings:
+        return Timings(queued_ms=self._started.payload.queued_ms, ttft_ms=self._first_token_ms,
+                       duration_ms=int((time.monotonic() - self._t0) * 1000))

@@ -30,6 +30,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from models import topics
 from models.events import Envelope, EventDecodeError, caused_by, decode
@@ -38,7 +39,7 @@ from models.events_generation import (
 )
 from models.topics import Topic
 from pipelines.admission import Taking
-from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicPartition, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.routing import Outputs, to_outputs
 from workers.cancel_watch import CancelWatch
@@ -50,6 +51,27 @@ from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
 
 logger = logging.getLogger(__name__)
+
+
+class QueuedWork(NamedTuple):
+    """What a queued `Item` holds: the work's `GenerationQueued` and where it was read
+    (offset -1 for work offered by admission, which was never on a work topic)."""
+
+    topic: str
+    partition: int
+    offset: int
+    queued: Envelope
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self.topic, self.partition
+
+    @property
+    def request_id(self) -> str:
+        return self.queued.payload.request.request_id
+
+
+WorkItem = Item[QueuedWork]
 
 
 def _ms_since(start: datetime, now: datetime) -> int:
@@ -103,8 +125,8 @@ class InteractiveWorker:
 
     def _reset(self, assigned: set) -> None:
         """Forgets everything read ahead; reading restarts at the committed positions."""
-        self._queue: FairQueue = FairQueue(quantum=self._quantum)
-        self._items: dict[str, Item] = {}  # queued items by request id
+        self._queue: FairQueue[QueuedWork] = FairQueue(quantum=self._quantum)
+        self._items: dict[str, WorkItem] = {}  # queued items by request id
         self._positions = WorkPositions.at_assignment(self._log, self._consumer, assigned)
         self._committed = self._positions.commit_offsets()
         self._idle = IdlePositions(self.IDLE_POSITIONS_S)
@@ -178,7 +200,7 @@ class InteractiveWorker:
         self._idle.saved()
         return len(starting)
 
-    def _abandon(self, starting: list[tuple[Item, Envelope, int]], serving: list[Future]) -> None:
+    def _abandon(self, starting: list[tuple[WorkItem, Envelope, int]], serving: list[Future]) -> None:
         """Stops generations whose take failed, and waits (bounded) until they are out of
         the engine, so the same request, taken again, never meets its abandoned self there."""
         for _, started, _ in starting:
@@ -201,7 +223,7 @@ class InteractiveWorker:
             if request_id in self._items:
                 return
             item = Item(env.tenant_id, p.request.priority, p.request.input_tokens + p.request.max_output_tokens,
-                        (record.topic, record.partition, record.offset, env))
+                        QueuedWork(record.topic, record.partition, record.offset, env))
             self._items[request_id] = item
             self._positions.hold((record.topic, record.partition), record.offset)
             with self._slots_lock:  # `offer` looks at the queue from admission's thread
@@ -210,11 +232,11 @@ class InteractiveWorker:
         elif (item := self._items.pop(getattr(p, "request_id", ""), None)) is not None:
             # Someone (a previous owner of this partition) took it already.
             self._queue.drop(item)
-            self._positions.release(item.value[0:2], item.value[2])
+            self._release(item.value)
 
-    def _end_early(self, item: Item, now: datetime) -> Outputs:
+    def _end_early(self, item: WorkItem, now: datetime) -> Outputs:
         """Ends a queued item without running it: cancelled, or its deadline passed."""
-        topic, _, _, env = item.value
+        env = item.value.queued
         req = env.payload.request
         timings = Timings(queued_ms=_ms_since(env.payload.queued_at, now))
         reason = self._cancels.cancelled.get(req.request_id)
@@ -224,10 +246,10 @@ class InteractiveWorker:
             end = GenerationFailed(request_id=req.request_id, error_code="deadline_expired",
                                    message="deadline passed in the queue", timings=timings)
         terminal = caused_by(env, end)
-        return [(topics.OUTCOMES, terminal), (topics.STREAM, terminal), (self._topics[topic], terminal)]
+        return [(topics.OUTCOMES, terminal), (topics.STREAM, terminal), (self._topics[item.value.topic], terminal)]
 
-    def _should_end(self, item: Item, now: datetime) -> bool:
-        req = item.value[3].payload.request
+    def _should_end(self, item: WorkItem, now: datetime) -> bool:
+        req = item.value.queued.payload.request
         return req.request_id in self._cancels.cancelled or (req.deadline_at is not None and req.deadline_at <= now)
 
     def _sweep(self, now: datetime) -> Outputs:
@@ -238,30 +260,33 @@ class InteractiveWorker:
             self._forget(item)
         return outputs
 
-    def _forget(self, item: Item) -> None:
+    def _forget(self, item: WorkItem) -> None:
         self._queue.drop(item)
-        self._items.pop(item.value[3].payload.request.request_id, None)
-        self._positions.release(item.value[0:2], item.value[2])
+        self._items.pop(item.value.request_id, None)
+        self._release(item.value)
 
-    def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[Item, Envelope, int]]:
+    def _release(self, work: QueuedWork) -> None:
+        """Its partition's commit point may move past it (taken, ended, or someone else's)."""
+        self._positions.release(work.topic_partition, work.offset)
+
+    def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[WorkItem, Envelope, int]]:
         """Takes items while their tenants may have a slot; appends what to write to `outputs`."""
         blocked = {tp for tp in list(self._positions.catch_up) if not self._positions.ready(tp, self._log)}
         starting = []
         with self._slots_lock:
-            def eligible(item: Item) -> bool:
-                return item.value[0:2] not in blocked and self._slots.may_start(item.tenant_id)
+            def eligible(item: WorkItem) -> bool:
+                return item.value.topic_partition not in blocked and self._slots.may_start(item.tenant_id)
 
             while (item := self._queue.pop(eligible)) is not None:
-                self._items.pop(item.value[3].payload.request.request_id, None)
-                self._positions.release(item.value[0:2], item.value[2])
+                self._items.pop(item.value.request_id, None)
+                self._release(item.value)
                 if self._should_end(item, now):
                     outputs += self._end_early(item, now)
                     continue
-                topic, _, _, env = item.value
-                started, priority = self._start_locked(env, now)
+                started, priority = self._start_locked(item.value.queued, now)
                 # Its stream copy follows the commit, through the stream writer: a
                 # transaction open on a stream partition would hold back other streams.
-                outputs += [(topics.OUTCOMES, started), (self._topics[topic], started)]
+                outputs += [(topics.OUTCOMES, started), (self._topics[item.value.topic], started)]
                 starting.append((item, started, priority))
         return starting
 
@@ -283,7 +308,7 @@ class InteractiveWorker:
         of the take-ahead slots: taken here, it must not wait), the tenant is within its
         share and no queued work comes first; otherwise None, and it is
         queued as usual. The engine starts at once; the generation writes nothing until the
-        admission's commit settles the take."""
+        admission's commit is through (`Taking.resolve`)."""
         if work_topic.name not in self._topics:
             return None
         req = queued.payload.request
@@ -292,15 +317,15 @@ class InteractiveWorker:
                 return None
             started, priority = self._start_locked(queued, datetime.now(timezone.utc))
         item = Item(queued.tenant_id, req.priority, req.input_tokens + req.max_output_tokens,
-                    (work_topic.name, -1, -1, queued))
+                    QueuedWork(work_topic.name, -1, -1, queued))
         taken: Future = Future()
         serving = self._launch(item, started, priority, taken)
 
-        def settle(committed: bool) -> None:
+        def resolve(committed: bool) -> None:
             taken.set_result(committed)
             if not committed:
                 self._abandon([(item, started, priority)], [serving])
-        return Taking(started, settle)
+        return Taking(started, resolve)
 
     def _queued_goes_first(self, tenant_id: str) -> bool:
         """Whether queued work comes before work offered now for `tenant_id`: the tenant's
@@ -310,16 +335,16 @@ class InteractiveWorker:
         waiting = self._queue.queued_tenants()
         return tenant_id in waiting or any(self._slots.may_start(t) for t in waiting)
 
-    def _launch(self, item: Item, started: Envelope, priority: int, taken: Future) -> Future:
+    def _launch(self, item: WorkItem, started: Envelope, priority: int, taken: Future) -> Future:
         """Starts taken work on the engine, its prompt read meanwhile (a read is harmless if
         the take fails); it writes nothing until `taken` resolves True."""
-        prompt = self._io.submit(fetch_prompt, self._log, item.value[3].payload.request.prompt_ref)
+        prompt = self._io.submit(fetch_prompt, self._log, item.value.queued.payload.request.prompt_ref)
         self._cancels.in_flight[started.payload.request_id] = ""
         return self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken))
 
-    async def _serve(self, item: Item, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
+    async def _serve(self, item: WorkItem, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:
-            ended = await serve_generation(self._engine, self._cancels, item.value[3], started_env, self._writer,
+            ended = await serve_generation(self._engine, self._cancels, item.value.queued, started_env, self._writer,
                                            prompt, taken, priority=priority)
             self.served += ended
         finally:

@@ -50,8 +50,8 @@ def round_robin(roster: list[tuple[str, list[str]]], counts: dict[str, int]) -> 
     return assigned
 
 
-def settle(conn: sqlite3.Connection, group: str,
-           session_timeout_s: float) -> tuple[int, dict[str, set[TopicPartition]]]:
+def rebalance(conn: sqlite3.Connection, group: str,
+              session_timeout_s: float) -> tuple[int, dict[str, set[TopicPartition]]]:
     """Drops silent members and bumps the generation if the roster changed. Inside a write txn."""
     conn.execute("DELETE FROM group_members WHERE grp = ? AND heartbeat_ms < ?",
                  (group, now_ms() - int(session_timeout_s * 1000)))
@@ -119,7 +119,7 @@ class EmbeddedGroupConsumer(GroupConsumer):
                 " topics = excluded.topics, heartbeat_ms = excluded.heartbeat_ms",
                 (self._group, self.member_id, self._instance, json.dumps(self._topics), now_ms()))
             self._joined = True
-            generation, assignment = settle(self._conn, self._group, self._options.session_timeout_s)
+            generation, assignment = rebalance(self._conn, self._group, self._options.session_timeout_s)
             if generation != self._generation:
                 self._adopt(generation, assignment.get(self.member_id, set()))
         self._next_heartbeat = time.monotonic() + self._options.heartbeat_interval_s
@@ -184,7 +184,7 @@ class EmbeddedGroupConsumer(GroupConsumer):
                 alive = self._conn.execute(
                     "UPDATE group_members SET heartbeat_ms = ? WHERE grp = ? AND member_id = ? AND instance = ?",
                     (now_ms(), self._group, self.member_id, self._instance)).rowcount
-                generation, _ = settle(self._conn, self._group, self._options.session_timeout_s)
+                generation, _ = rebalance(self._conn, self._group, self._options.session_timeout_s)
                 if not alive or generation != self._generation:
                     raise Fenced(f"{self.member_id}: group {self._group!r} rebalanced (generation "
                                  f"{self._generation} -> {generation}); nothing was written")
@@ -225,7 +225,7 @@ class EmbeddedGroupConsumer(GroupConsumer):
             with write_txn(self._conn):
                 self._conn.execute("DELETE FROM group_members WHERE grp = ? AND member_id = ? AND instance = ?",
                                    (self._group, self.member_id, self._instance))
-                settle(self._conn, self._group, self._options.session_timeout_s)
+                rebalance(self._conn, self._group, self._options.session_timeout_s)
         finally:
             self._conn.close()
             self._on_close(self)

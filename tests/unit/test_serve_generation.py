@@ -36,29 +36,57 @@ def queued(request_id: str):
                      correlation_id=request_id)
 
 
-def serve_with_take(commits: bool) -> tuple[int, RecordingLog, FakeEngine]:
-    """Serves one request whose take resolves (`commits`) only after the engine's delta."""
-    log, engine = RecordingLog(), FakeEngine(hold=False)  # one delta at once, then the end
+class HandingEngine(FakeEngine):
+    """A `FakeEngine` that says when it has handed a delta to the generation."""
 
-    async def main() -> int:
-        writer = StreamWriter(log, linger_s=5.0)
+    def __init__(self):
+        super().__init__(hold=False)  # one delta at once, then the end
+        self.handed = asyncio.Event()
+
+    async def generate(self, request):
+        async for delta in super().generate(request):
+            self.handed.set()  # the generation has the delta once this yield returns to it
+            yield delta
+
+
+class WatchedWriter(StreamWriter):
+    """A `StreamWriter` that remembers what the generation queued on it."""
+
+    def __init__(self, log):
+        super().__init__(log, linger_s=5.0)
+        self.queued: list[str] = []
+
+    def announce(self, started):
+        self.queued.append("announce")
+        super().announce(started)
+
+    def tokens(self, started, text, count):
+        self.queued.append("tokens")
+        super().tokens(started, text, count)
+
+
+def serve_with_take(commits: bool) -> tuple[int, RecordingLog, HandingEngine, WatchedWriter]:
+    """Serves one request whose take resolves (`commits`) only after the engine's delta."""
+    log, engine = RecordingLog(), HandingEngine()
+
+    async def main() -> tuple[int, WatchedWriter]:
+        writer = WatchedWriter(log)
         prompt, taken = Future(), Future()
         prompt.set_result("p")
         serving = asyncio.ensure_future(serve_generation(engine, Cancels(), queued("r"), started("r"), writer,
                                                          prompt, taken))
-        while not engine.started:
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.02)  # the delta is in hand; the take is still committing
-        assert log.appends == [], "nothing is written before the take commits"
+        await asyncio.wait_for(engine.handed.wait(), timeout=10)  # the take is still committing
+        assert writer.queued == [] and log.appends == [], "nothing is written before the take commits"
         taken.set_result(commits)
-        return await serving
+        return await asyncio.wait_for(serving, timeout=10), writer
 
-    return asyncio.run(main()), log, engine
+    ended, writer = asyncio.run(main())
+    return ended, log, engine, writer
 
 
 def test_a_delta_held_through_the_take_goes_out_in_the_starts_append():
-    ended, log, _ = serve_with_take(commits=True)
-    assert ended == 1
+    ended, log, _, writer = serve_with_take(commits=True)
+    assert ended == 1 and writer.queued[:2] == ["announce", "tokens"]
     stream = [[type(e.payload) for e in envs] for name, envs in log.appends if name == topics.STREAM.name]
     assert stream[0][:2] == [GenerationStarted, TokensEmitted], stream
     assert [type(e.payload) for e in log.on(topics.STREAM)] == [GenerationStarted, TokensEmitted,
@@ -66,5 +94,5 @@ def test_a_delta_held_through_the_take_goes_out_in_the_starts_append():
 
 
 def test_a_take_that_fails_writes_nothing():
-    ended, log, engine = serve_with_take(commits=False)
-    assert ended == 0 and engine.started == ["r"] and log.appends == []
+    ended, log, engine, writer = serve_with_take(commits=False)
+    assert ended == 0 and engine.started == ["r"] and writer.queued == [] and log.appends == []
