@@ -15,6 +15,7 @@ from models.registry import Principal
 from models.settings import Settings
 from pipelines.admin import RegistryView
 from pipelines.eventlog import EventLog
+from pipelines.fleet import FleetView
 from pipelines.request_index import RequestIndex
 from pipelines.tokencount import TokenCounter
 
@@ -34,8 +35,10 @@ class Services:
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     reaper: DisconnectReaper | None = None
     history: StreamHistory | None = None
+    fleet: FleetView | None = None  # the workers serving now, from the fleet topic
 
     def __post_init__(self) -> None:
+        self.fleet = self.fleet or FleetView(self.log)
         self.index = self.index or RequestIndex(self.log)
         self.history = self.history or StreamHistory(self.log)
         self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,
@@ -45,6 +48,7 @@ class Services:
         """Closes what the API opened to read the log on demand (the index, stream history)."""
         self.index.close()
         self.history.close()
+        self.fleet.close()
 
 
 def services(request: Request) -> Services:

@@ -127,7 +127,8 @@ def handle_requested(
     reserved = caused_by(env, BudgetReserved(
         request_id=req.request_id, reservation_id=reservation_id, tokens=ask.tokens, cost_micros=ask.cost_micros,
         expires_at=deadline + grace, model_revision=req.model_revision), occurred_at=now)
-    work_topic = topics.work_topic(limits.pool, req.priority)
+    # Only workers of the pinned revision read its work topics (revision-true serving).
+    work_topic = topics.work_topic(limits.pool, req.priority, req.model_revision)
     admitted = caused_by(env, GenerationAdmitted(
         request_id=req.request_id, reservation_id=reservation_id, work_topic=work_topic.name), occurred_at=now)
     queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id,
@@ -138,12 +139,13 @@ def handle_requested(
 
 def settle(
     env: Envelope, reservation: Reservation, *, registry: Registry, book: ReservationBook,
-    status: str, input_tokens: int, output_tokens: int,
+    status: str, input_tokens: int, output_tokens: int, ran_revision: str | None = None,
 ) -> Outputs:
-    """Charges what was used (never more than reserved) and releases the rest."""
+    """Charges what was used (never more than reserved) and releases the rest, priced at
+    the revision that ran (`ran_revision`, as its worker said; the reserved one otherwise)."""
     used_tokens = min(reservation.tokens, input_tokens + output_tokens)
-    used_cost = min(reservation.cost_micros,
-                    cost_micros(registry.revisions.get(reservation.model_revision), input_tokens, output_tokens))
+    revision = registry.revisions.get(ran_revision or reservation.model_revision)
+    used_cost = min(reservation.cost_micros, cost_micros(revision, input_tokens, output_tokens))
     settled = caused_by(env, UsageSettled(
         request_id=reservation.request_id, reservation_id=reservation.reservation_id,
         terminal_status=status, input_tokens=input_tokens, output_tokens=output_tokens,
@@ -170,7 +172,8 @@ def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook)
     if reservation is None:
         return []  # already settled (or expired): a terminal event settles at most once
     return settle(env, reservation, registry=registry, book=book, status=terminal_status(p),
-                  input_tokens=p.input_tokens, output_tokens=p.output_tokens)
+                  input_tokens=p.input_tokens, output_tokens=p.output_tokens,
+                  ran_revision=getattr(p, "model_revision", None))
 
 
 def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
@@ -301,7 +304,7 @@ class AdmissionProcessor:
 
     def _ensure_topics(self, outputs: Outputs) -> None:
         missing = {t for t, _ in outputs if t.name not in self._known_topics}
-        if missing:  # a dedicated pool's work topics, made on first use
+        if missing:  # a revision's or a dedicated pool's work topics, made on first use
             self._log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in missing])
             self._known_topics |= {t.name for t in missing}
 

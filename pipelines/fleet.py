@@ -123,6 +123,20 @@ class FleetView:
     def serves(self, pool: str, revision: str) -> bool:
         return self._ask(lambda s, now: s.serves(pool, revision, now, self.lost_after_s))
 
+    def serves_soon(self, pool: str, revision: str, *, within_s: float = 1.0) -> bool:
+        """Whether a live worker of `pool` serves `revision`, reading the topic again for up to
+        `within_s` when none does yet (a worker that just joined may still be on its way)."""
+        if self.serves(pool, revision):  # as of the last refresh (the API refreshes in the background)
+            return True
+        deadline = time.monotonic() + within_s
+        while True:
+            self.refresh()
+            if self.serves(pool, revision):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     def capacity(self) -> dict[tuple[str, str], PoolCapacity]:
         return self._ask(lambda s, now: s.capacity(now, self.lost_after_s))
 

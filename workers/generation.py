@@ -193,7 +193,8 @@ class _Generation:
                                        output_tokens=self._output_tokens, timings=self._timings())
         return GenerationCompleted(
             request_id=req.request_id, finish_reason=self._finish_reason or "stop",
-            input_tokens=req.input_tokens, output_tokens=self._output_tokens, model_revision=req.model_revision,
+            input_tokens=req.input_tokens, output_tokens=self._output_tokens,
+            model_revision=self._started.payload.model_revision,
             output_sha256=self._digest.hexdigest(), timings=self._timings())
 
     def _timings(self) -> Timings:

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from typing import NamedTuple
@@ -49,6 +50,7 @@ from workers.fair_share import FairQueue, Headroom, Item
 from workers.generation import PRIORITY, fetch_prompt, serve_generation
 from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
+from workers.worker_presence import worker_presence
 
 logger = logging.getLogger(__name__)
 
@@ -98,16 +100,21 @@ class InteractiveWorker:
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
                  pool: str | None = None, max_in_flight: int | None = None, take_ahead: int | None = 0,
                  worker_id: str | None = None, quantum: int = 256, lookahead: int = 2000,
-                 cancel_log: EventLog | None = None, stream_linger_s: float = 0.0):
+                 cancel_log: EventLog | None = None, stream_linger_s: float = 0.0,
+                 revision: str | None = None, engine_config_hash: str | None = None, heartbeat_s: float = 1.0):
         self._log, self._runner, self._engine = log, runner, engine
         self.pool = pool or topics.SHARED_POOL
-        self.worker_id = worker_id or f"{self.pool}-{os.getpid()}"
+        self.worker_id = worker_id or f"{self.pool}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # The revision this worker's engine serves: it takes only work pinned to it, from
+        # that revision's own work topics, and announces itself on the fleet topic.
+        self.revision, self.engine_config_hash = revision, engine_config_hash
         running = max_in_flight or engine_capacity(engine)
         take_ahead = running if take_ahead is None else max(0, take_ahead)
         self.capacity = running + take_ahead
-        self._topics = {t.name: t for t in topics.pool_work_topics(pool)}
+        self._topics = {t.name: t for t in topics.pool_work_topics(pool, revision)}
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
-        self._consumer = log.consumer(f"ledgerlm-pool-{self.pool}", sorted(self._topics), member_id=self.worker_id)
+        group = f"ledgerlm-pool-{self.pool}" + (f"-{topics.revision_slug(revision)}" if revision else "")
+        self._consumer = log.consumer(group, sorted(self._topics), member_id=self.worker_id)
         # Its own log handle, where it can: the watch's tail then shares nothing with the
         # worker's reads and appends.
         self._cancels = CancelWatch(cancel_log or log, runner, engine)
@@ -122,6 +129,25 @@ class InteractiveWorker:
         self._reset(set())
         self._next_sweep = 0.0
         self.served = 0
+        self._presence = None if revision is None else worker_presence(
+            self, log, revision=revision, engine_config_hash=engine_config_hash or "", running=running,
+            interval_s=heartbeat_s)
+        self._joined = False
+
+    @property
+    def engine(self) -> InferenceEngine:
+        return self._engine
+
+    @property
+    def output_tokens(self) -> int:
+        return self._writer.output_tokens
+
+    def join(self) -> None:
+        """Announces this worker on the fleet topic and starts its heartbeats (once; the
+        first `run_once` does it, so a worker is warm before it says it serves)."""
+        if self._presence is not None and not self._joined:
+            self._joined = True
+            self._presence.start()
 
     def _reset(self, assigned: set) -> None:
         """Forgets everything read ahead; reading restarts at the committed positions."""
@@ -142,6 +168,7 @@ class InteractiveWorker:
         return len(self._queue)
 
     def run_once(self, timeout_s: float = 0.2) -> int:
+        self.join()
         room = self._lookahead - len(self._queue)
         # With work queued, a slot may free up any moment: look again soon. New work ends
         # the wait at once, so a light tenant's request is seen as it arrives.
@@ -294,7 +321,8 @@ class InteractiveWorker:
         """The `GenerationStarted` of queued work and its engine priority; counts its slot."""
         req = queued.payload.request
         started = caused_by(queued, GenerationStarted(
-            request_id=req.request_id, worker_id=self.worker_id, model_revision=req.model_revision,
+            request_id=req.request_id, worker_id=self.worker_id, model_revision=self.revision or req.model_revision,
+            engine_config_hash=self.engine_config_hash,
             queued_ms=_ms_since(queued.payload.queued_at, now)))
         # vLLM's order for what waits inside it: class first, then the lighter tenant.
         priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[queued.tenant_id])
@@ -361,6 +389,8 @@ class InteractiveWorker:
         deadline = time.monotonic() + drain_timeout_s
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
+        if self._presence is not None and self._joined:
+            self._presence.close("shutdown")
         self._cancels.stop()
         self._consumer.close()
         self._io.shutdown(wait=False)

@@ -62,6 +62,7 @@ class StreamWriter:
         self._batch_done: asyncio.Future | None = None  # resolves when the batch in flight is written
         self._in_flight: set[str] = set()
         self.appends = 0  # stream appends made (for tests and metrics)
+        self.output_tokens = 0  # tokens handed to it, for the worker's heartbeat rate
         self._urgent = asyncio.Event()  # something that should not linger is pending
 
     def tokens(self, started: Envelope, text: str, count: int) -> None:
@@ -76,6 +77,7 @@ class StreamWriter:
             self._seq.setdefault(rid, 0)
         entry.text.append(text)
         entry.tokens += count
+        self.output_tokens += count
         if entry.now:
             self._urgent.set()
         self._kick()

@@ -1,0 +1,50 @@
+"""What an interactive worker tells the fleet: its identity from the engine it loaded,
+and its load at each heartbeat (`workers.fleet_presence` sends them)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from models.events_fleet import Capacity
+from workers.engine import InferenceEngine
+from workers.fleet_presence import FleetPresence, Load, WorkerIdentity
+
+
+def engine_capacity_of(engine: InferenceEngine, running: int) -> Capacity:
+    """The engine's capacity as vLLM was configured: sequences, KV-cache tokens, context.
+    An engine without a vLLM config (a test double) reports what the worker runs."""
+    config = getattr(engine, "config", None)
+    max_model_len = getattr(config, "max_model_len", None) or 1
+    kv_tokens = getattr(engine, "kv_cache_tokens", None)
+    kv_tokens = kv_tokens() if callable(kv_tokens) else 0
+    return Capacity(max_seqs=max(1, running), kv_cache_tokens=max(0, kv_tokens or 0), max_model_len=max_model_len)
+
+
+class TokenRate:
+    """Output tokens per second between two readings of a growing counter."""
+
+    def __init__(self, count: Callable[[], int]):
+        self._count = count
+        self._last = (time.monotonic(), count())
+
+    def __call__(self) -> float:
+        now, total = time.monotonic(), self._count()
+        then, before = self._last
+        self._last = (now, total)
+        return (total - before) / (now - then) if now > then else 0.0
+
+
+def worker_presence(worker, log, *, revision: str, engine_config_hash: str, running: int,
+                    interval_s: float) -> FleetPresence:
+    """A presence for `worker` (an `InteractiveWorker`), beating its queue and slots."""
+    rate = TokenRate(lambda: worker.output_tokens)
+    identity = WorkerIdentity(worker_id=worker.worker_id, pool=worker.pool, model_revision=revision,
+                              engine_config_hash=engine_config_hash,
+                              capacity=engine_capacity_of(worker.engine, running))
+
+    def load() -> Load:
+        in_flight = worker.in_flight
+        return Load(running=min(in_flight, running), waiting=worker.queued + max(0, in_flight - running),
+                    free_slots=max(0, worker.capacity - in_flight), kv_cache_usage=0.0,
+                    output_tokens_per_s=rate())
+    return FleetPresence(log, identity, load, interval_s=interval_s)
