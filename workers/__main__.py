@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "prepare-small":
         from workers.small_model import default_dir, prepare_smollm2
 
-        print(prepare_smollm2(args.directory or default_dir(settings.home)))
+        print(prepare_smollm2(args.directory or default_dir(settings.home)).resolve())
         return 0
     from pipelines.bootstrap import open_log
 
