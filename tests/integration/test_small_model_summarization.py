@@ -49,6 +49,8 @@ def smollm2_alias(batch_platform, small_model_dir) -> str:
     return revision
 
 
+# One log is enough here (the model is slow on CPU); both logs run the tiny model's jobs.
+@pytest.mark.parametrize("batch_platform", ["kafka"], indirect=True)
 def test_summaries_from_the_small_model_name_what_the_news_named(batch_platform, smollm2_alias):
     tenant, secret = batch_platform.tenant()
     store = batch_platform.store
