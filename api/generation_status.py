@@ -17,7 +17,6 @@ from pipelines.idempotency import meant_ids
 from pipelines.projections.queries import generation_status, status_from_row
 
 logger = logging.getLogger(__name__)
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
 
 
 def find_status(svc: Services, request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:

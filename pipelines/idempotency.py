@@ -27,12 +27,9 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from models import topics
-from models.events import canonical, new_event
-from models.events_generation import CancelRequested
+from models.events import canonical
 from pipelines.eventlog import EventLog
-from pipelines.routing import publish
-from pipelines.submission import SubmitGeneration, Submitted
+from pipelines.submission import SubmitGeneration, Submitted, request_cancel
 
 if TYPE_CHECKING:  # the index imports this module for `Claim` and `WINDOW`
     from pipelines.request_index import RequestInfo
@@ -168,9 +165,7 @@ def resolve_key_race(submitted: Submitted, *, index: RequestLookup, log: EventLo
         return None
     if claim.request_id != req.request_id:
         # Not the same id (the race straddled midnight UTC): ours would run too, so stop it.
-        env = new_event(CancelRequested(request_id=req.request_id, reason="client"),
-                        tenant_id=submitted.tenant_id, correlation_id=req.request_id)
-        publish(log, topics.REQUESTS, [env])
+        request_cancel(submitted.tenant_id, req.request_id, known_status=None, log=log)
     if claim.request_sha256 != req.request_sha256:
         raise KeyReused()
     if claim.request_id != req.request_id:

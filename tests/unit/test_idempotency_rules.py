@@ -13,7 +13,7 @@ from models.events_generation import CancelRequested, GenerationRequested, Posit
 from pipelines import idempotency
 from pipelines.idempotency import KeyReused, Replay, RequestIdInUse, SharedRequest, identify, resolve_key_race
 from pipelines.request_index import RequestInfo
-from pipelines.submission import SubmitGeneration, Submitted
+from pipelines.submission import SubmitGeneration, Submitted, request_cancel
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 BODY = {"model_alias": "tiny", "input": "hi"}
@@ -160,6 +160,16 @@ def test_a_first_request_with_another_body_wins_and_ours_is_refused():
     other_id = FakeIndex(info("gen_first", 5, body="another body"), info("gen_x", 7))
     assert race(submitted("gen_x", 7), other_id) == (
         KeyReused, [(topics.REQUESTS.name, CancelRequested(request_id="gen_x", reason="client"))])
+
+
+def test_a_cancel_goes_on_the_log_unless_the_generation_is_known_to_be_over():
+    for status in (None, "requested", "running"):
+        log = RecordingLog()
+        assert request_cancel("a", "gen_x", known_status=status, log=log)
+        assert log.appended == [(topics.REQUESTS.name, CancelRequested(request_id="gen_x", reason="client"))]
+    for status in ("completed", "failed", "cancelled", "expired", "rejected"):
+        log = RecordingLog()
+        assert not request_cancel("a", "gen_x", known_status=status, log=log) and log.appended == []
 
 
 # -- finding a generation by either id --------------------------------------------------
