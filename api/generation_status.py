@@ -13,16 +13,15 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import Services
 from api.routes.usage import projection_db
-from pipelines.idempotency import client_request_id
+from pipelines.idempotency import meant_ids
 from pipelines.projections.queries import generation_status, status_from_row
 
 logger = logging.getLogger(__name__)
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
 
 
 def find_status(svc: Services, request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:
     """By the generation's id, or by the request_id its client chose."""
-    for candidate in (request_id, client_request_id(tenant_id, request_id)):
+    for candidate in meant_ids(tenant_id, request_id):
         row = svc.index.status(tenant_id, candidate)
         status = status_from_row(row) if row is not None else _from_projection(request, tenant_id, candidate)
         if status is not None:

@@ -1,13 +1,15 @@
 """Starting a generation (or finding the one an idempotent retry means) and waiting for
 its first stream event, so the caller knows the HTTP status before sending anything:
 a rejection by admission becomes a real 429/400/413, never a 200 with an error inside.
+
+Which generation a request means (ids, `Idempotency-Key`, the key race) is decided in
+`pipelines.idempotency`; this module turns its answers into streams and HTTP errors.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from fastapi import Request
@@ -18,13 +20,11 @@ from api.errors import ApiError, ClientGone, rejection_error
 from api.request_stream import RequestStream, StreamTimeout
 from api.stream_hub import StreamEvent
 from models import topics
-from models.events import new_event
-from models.events_generation import CancelRequested, GenerationRejected
+from models.events_generation import GenerationRejected
 from models.registry import Principal
 from pipelines import idempotency
 from pipelines.eventlog import partition_for
 from pipelines.request_index import RequestInfo
-from pipelines.routing import publish
 from pipelines.submission import SubmitGeneration, Submitted, submit_generation
 
 
@@ -62,7 +62,7 @@ def _wait_s(svc: Services, deadline_at: datetime | None) -> float:
     return max(0.0, left) + svc.settings.grace_s + 5.0
 
 
-def _conflict() -> ApiError:
+def _key_reused() -> ApiError:
     return ApiError(409, "This Idempotency-Key was already used with a different request body",
                     code="idempotency_key_reused", param="Idempotency-Key")
 
@@ -70,25 +70,19 @@ def _conflict() -> ApiError:
 async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
                            body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
     t0 = time.monotonic()
-    tenant_id, now = principal.tenant_id, datetime.now(timezone.utc)
-    chosen = cmd.request_id
-    if chosen is not None:
-        cmd = replace(cmd, request_id=idempotency.client_request_id(tenant_id, chosen))
-    if idempotency_key is not None:
-        key_sha = idempotency.key_sha256(tenant_id, idempotency.validate_key(idempotency_key))
-        body_sha = idempotency.request_sha256(cmd.route, body)
-        claim = await asyncio.to_thread(svc.index.claim, tenant_id, key_sha)
-        decision = idempotency.decide(claim, body_sha, now)
-        if decision is idempotency.Decision.CONFLICT:
-            raise _conflict()
-        if decision is idempotency.Decision.REPLAY:
-            return await replay_generation(svc, tenant_id, claim.request_id, request=request)
-        cmd = replace(cmd, idempotency_key_sha256=key_sha, request_sha256=body_sha, request_id=cmd.request_id
-                      or idempotency.keyed_request_id(id_prefix, tenant_id, idempotency_key, now))
-    elif chosen is not None and await asyncio.to_thread(svc.index.request, tenant_id, cmd.request_id):
-        raise ApiError(409, f"A generation with request_id '{chosen}' already exists",
-                       code="request_id_in_use", param="request_id")
-    cmd = cmd if cmd.request_id else replace(cmd, request_id=id_prefix + uuid.uuid4().hex)
+    tenant_id = principal.tenant_id
+    try:
+        identified = await asyncio.to_thread(
+            idempotency.identify, cmd, tenant_id=tenant_id, body=body, idempotency_key=idempotency_key,
+            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc))
+    except idempotency.KeyReused:
+        raise _key_reused() from None
+    except idempotency.RequestIdInUse as exc:
+        raise ApiError(409, f"A generation with request_id '{exc.chosen}' already exists",
+                       code="request_id_in_use", param="request_id") from None
+    if isinstance(identified, idempotency.Replay):
+        return await replay_generation(svc, tenant_id, identified.request_id, request=request)
+    cmd = identified
 
     hub = svc.hub
     start = hub.position(partition_for(cmd.request_id, hub.partitions))
@@ -100,7 +94,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
             submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
             counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start)
         if cmd.idempotency_key_sha256 is not None:
-            other = await _settle_key_race(svc, stream, submitted)
+            other = await _after_key_race(svc, stream, submitted)
             if other is not None:
                 stream.close()
                 return await replay_generation(svc, tenant_id, other, request=request)
@@ -118,30 +112,21 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     return _admitted(stream, first, wait_s, replayed=False)
 
 
-async def _settle_key_race(svc: Services, stream: RequestStream, submitted: Submitted) -> str | None:
-    """After a keyed submission: whether another request claimed the key first (another
-    replica, or a retry racing its original). Returns the id to replay instead, if any."""
-    req = submitted.request
-    claim = await asyncio.to_thread(svc.index.claim, submitted.tenant_id, req.idempotency_key_sha256,
-                                    up_to=submitted.request_offset)
-    if claim is None or claim.offset == submitted.request_offset:
-        return None  # ours is the claim
-    if claim.request_id != req.request_id:
-        # Not the same id (the race straddled midnight UTC): ours would run too, so stop it.
-        env = new_event(CancelRequested(request_id=req.request_id, reason="client"),
-                        tenant_id=submitted.tenant_id, correlation_id=req.request_id)
-        await asyncio.to_thread(publish, svc.log, topics.REQUESTS, [env])
-    if claim.request_sha256 != req.request_sha256:
-        raise _conflict()
-    if claim.request_id != req.request_id:
-        return claim.request_id
-    # Same id: admission decides it once, by the first request; its stream may have begun
-    # before ours was submitted, so read it from where that one put it.
-    info = await asyncio.to_thread(svc.index.request, submitted.tenant_id, req.request_id)
-    start = min(info.stream_offset, stream.after + 1)
-    stream.after = start - 1
-    stream.add_history(await asyncio.to_thread(svc.history.read, submitted.tenant_id, req.request_id,
-                                               submitted.stream_partition, start))
+async def _after_key_race(svc: Services, stream: RequestStream, submitted: Submitted) -> str | None:
+    """Applies `idempotency.resolve_key_race` to our stream. Returns the id to replay
+    instead, if another request won the key."""
+    try:
+        race = await asyncio.to_thread(idempotency.resolve_key_race, submitted, index=svc.index, log=svc.log)
+    except idempotency.KeyReused:
+        raise _key_reused() from None
+    if isinstance(race, idempotency.Replay):
+        return race.request_id
+    if isinstance(race, idempotency.SharedRequest):
+        # The first request's stream may have begun before ours was submitted: read it from there.
+        start = min(race.stream_offset, stream.after + 1)
+        stream.after = start - 1
+        stream.add_history(await asyncio.to_thread(svc.history.read, submitted.tenant_id, submitted.request.request_id,
+                                                   submitted.stream_partition, start))
     return None
 
 
@@ -153,9 +138,7 @@ def _admitted(stream: RequestStream, first: StreamEvent, wait_s: float, *, repla
 
 
 def find_request(svc: Services, tenant_id: str, request_id: str) -> RequestInfo | None:
-    """A generation of this tenant by its id, or by the request_id its client chose."""
-    return (svc.index.request(tenant_id, request_id)
-            or svc.index.request(tenant_id, idempotency.client_request_id(tenant_id, request_id)))
+    return idempotency.find_request(tenant_id, request_id, index=svc.index)
 
 
 async def replay_generation(svc: Services, tenant_id: str, request_id: str, *, request: Request) -> Live:

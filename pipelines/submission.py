@@ -1,5 +1,6 @@
 """Submitting a generation: the prompt goes to the bounded-retention prompts topic, the
-text-free request to the durable requests topic, which references it."""
+text-free request to the durable requests topic, which references it. A client's cancel
+goes to the requests topic too."""
 from __future__ import annotations
 
 import hashlib
@@ -9,11 +10,14 @@ from datetime import datetime, timedelta, timezone
 
 from models import topics
 from models.events import new_event
-from models.events_generation import GenerationRequested, Position, PromptSubmitted, Sampling
+from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling
 from models.registry import Principal, Registry
 from pipelines.eventlog import EventLog
 from pipelines.routing import partition_of, publish
 from pipelines.tokencount import TokenCounter
+
+# A generation's statuses (the generations projection's words) that it never leaves.
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
 
 
 class SubmissionError(ValueError):
@@ -103,3 +107,15 @@ def _templated(counter: TokenCounter, model_path: str, messages: tuple[dict, ...
     except Exception as exc:  # a template may refuse a message order (e.g. two system messages)
         raise SubmissionError(400, "invalid_messages", f"The messages cannot be templated for this model: "
                               f"{type(exc).__name__}", "messages") from None
+
+
+def request_cancel(tenant_id: str, request_id: str, *, known_status: str | None, log: EventLog) -> bool:
+    """A client's cancel, unless the generation is known to be over. It goes on the log
+    before its status is read for the answer: it races the generation. Returns whether
+    it was put on the log."""
+    if known_status in TERMINAL_STATUSES:
+        return False
+    env = new_event(CancelRequested(request_id=request_id, reason="client"), tenant_id=tenant_id,
+                    correlation_id=request_id)
+    publish(log, topics.REQUESTS, [env])
+    return True

@@ -11,14 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import GenerateDep, ServicesDep
 from api.errors import ApiError
-from api.generation_status import TERMINAL_STATUSES, find_status
+from api.generation_status import find_status
 from api.live import find_request, start_generation
 from api.sse import collect, event_json, failure_error, native_frames, stream_response
-from models import topics
-from models.events import new_event
-from models.events_generation import CancelRequested, GenerationFailed, Sampling
-from pipelines.routing import publish
-from pipelines.submission import SubmitGeneration
+from models.events_generation import GenerationFailed, Sampling
+from pipelines.submission import TERMINAL_STATUSES, SubmitGeneration, request_cancel
 
 router = APIRouter()
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
@@ -74,11 +71,8 @@ async def cancel_generation(request_id: str, principal: GenerateDep, svc: Servic
     info = await asyncio.to_thread(find_request, svc, principal.tenant_id, request_id)
     if info is None:
         raise _not_found(request_id)
-    # The cancel goes on the log first (it races the generation); the answer comes after.
-    if svc.index.known_status(principal.tenant_id, info.request_id) not in TERMINAL_STATUSES:
-        env = new_event(CancelRequested(request_id=info.request_id, reason="client"),
-                        tenant_id=principal.tenant_id, correlation_id=info.request_id)
-        await asyncio.to_thread(publish, svc.log, topics.REQUESTS, [env])
+    await asyncio.to_thread(request_cancel, principal.tenant_id, info.request_id, log=svc.log,
+                            known_status=svc.index.known_status(principal.tenant_id, info.request_id))
     status = await asyncio.to_thread(find_status, svc, request, principal.tenant_id, info.request_id)
     if status["status"] in TERMINAL_STATUSES:
         return status  # it was over already: cancelling changed nothing
