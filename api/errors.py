@@ -69,7 +69,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(SubmissionError)
     async def _submission(_: Request, exc: SubmissionError):
-        return error_response(exc.status, str(exc), exc.code, exc.param)
+        headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+        return error_response(exc.status, str(exc), exc.code, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):

@@ -92,7 +92,8 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     try:
         submitted = await asyncio.to_thread(
             submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
-            counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start)
+            counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
+            fleet=svc.fleet)
         if cmd.idempotency_key_sha256 is not None:
             other = await _after_key_race(svc, stream, submitted)
             if other is not None:

@@ -7,6 +7,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Protocol
 
 from models import topics
 from models.events import new_event
@@ -21,9 +22,19 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "r
 
 
 class SubmissionError(ValueError):
-    def __init__(self, status: int, code: str, message: str, param: str | None = None):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None,
+                 retry_after_s: int | None = None):
         super().__init__(message)
-        self.status, self.code, self.param = status, code, param
+        self.status, self.code, self.param, self.retry_after_s = status, code, param, retry_after_s
+
+
+class Fleet(Protocol):
+    def serves_soon(self, pool: str, revision: str) -> bool:
+        """Whether a live worker of `pool` serves `revision` (`pipelines.fleet.FleetView`)."""
+
+
+# How soon a client refused for want of a worker may try again: about a worker's start.
+NO_CAPACITY_RETRY_S = 5
 
 
 @dataclass(frozen=True)
@@ -51,10 +62,12 @@ class Submitted:
 
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
-    default_deadline_ms: int, stream_offset: int | None = None,
+    default_deadline_ms: int, stream_offset: int | None = None, fleet: Fleet | None = None,
 ) -> Submitted:
     """`stream_offset`: a known lower bound of where the request's stream will start in its
-    partition (the API's stream follower has one); the partition's end is read otherwise."""
+    partition (the API's stream follower has one); the partition's end is read otherwise.
+    `fleet`: where the live workers are known; a revision no live worker serves is refused
+    (503) before anything is written, rather than left to wait until its deadline."""
     revision = registry.resolve_alias(cmd.model_alias, principal.tenant_id)
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
@@ -70,6 +83,12 @@ def submit_generation(
             400, "context_length_exceeded",
             f"{input_tokens} input tokens + {max_output_tokens} output tokens exceed this model's "
             f"context of {revision.max_model_len}", "max_tokens")
+    if fleet is not None:
+        pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
+        if not fleet.serves_soon(pool, revision.model_revision):
+            raise SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
+                                  f"(revision {revision.model_revision}) now; try again shortly", "model",
+                                  retry_after_s=NO_CAPACITY_RETRY_S)
     request_id = cmd.request_id or "gen_" + uuid.uuid4().hex
     deadline_ms = cmd.deadline_ms if cmd.deadline_ms is not None else default_deadline_ms
     deadline_at = datetime.now(timezone.utc) + timedelta(milliseconds=deadline_ms)
