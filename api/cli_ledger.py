@@ -87,10 +87,9 @@ def _projections(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _audit(settings: Settings, args: argparse.Namespace) -> int:
+    from pipelines.audit.chain import CHECKPOINT_EVERY
     from pipelines.audit.signing import Ed25519Verifier
     from pipelines.audit.verify import verify
-
-    from pipelines.audit.chain import CHECKPOINT_EVERY
 
     platform = Bootstrap(settings)
     verifier = Ed25519Verifier.from_base64(args.public_key) if args.public_key else _signer(settings)

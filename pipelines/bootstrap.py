@@ -6,8 +6,9 @@ each method opens a new handle, which the caller owns and closes."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from models import topics
 from models.settings import Settings
@@ -93,7 +94,8 @@ class Bootstrap:
 
 
 def resolve(name: str) -> Any:
-    """'package.module:Class.method' -> that object; a clear ValueError when it is not one."""
+    """'package.module:Class.method' -> that object; a clear ValueError when the name is not
+    one, a TypeError when what it names cannot be called."""
     module_name, colon, path = name.partition(":")
     if not colon or not module_name or not path:
         raise ValueError(f"not a factory name: {name!r} (expected 'package.module:callable')")
@@ -104,7 +106,7 @@ def resolve(name: str) -> Any:
         except AttributeError:
             raise ValueError(f"{name!r}: {module_name} has no {path}") from None
     if not callable(target):
-        raise ValueError(f"{name!r} is not callable")
+        raise TypeError(f"{name!r} is not callable")
     return target
 
 

@@ -23,7 +23,7 @@ class FakeEngine:
         self.settings = settings
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "FakeEngine":
+    def from_settings(cls, settings: Settings) -> FakeEngine:
         return cls(settings)
 
 
@@ -123,11 +123,15 @@ def test_the_default_engine_factory_is_vllms():
 
 @pytest.mark.parametrize("name, message", [("workers.vllm_engine", "not a factory name"),
                                            (":FakeEngine", "not a factory name"),
-                                           (f"{__name__}:NoSuchEngine", "has no NoSuchEngine"),
-                                           (f"{__name__}:ROOT", "is not callable")])
-def test_a_factory_name_that_names_no_callable_is_refused(name, message):
+                                           (f"{__name__}:NoSuchEngine", "has no NoSuchEngine")])
+def test_a_factory_name_that_names_nothing_is_refused(name, message):
     with pytest.raises(ValueError, match=message):
         resolve(name)
+
+
+def test_a_factory_name_that_names_no_callable_is_refused():
+    with pytest.raises(TypeError, match="is not callable"):
+        resolve(f"{__name__}:ROOT")
 
 
 def test_importing_and_building_the_bootstrap_loads_no_client():
@@ -139,6 +143,7 @@ def test_importing_and_building_the_bootstrap_loads_no_client():
               " object_store_url='s3://b/p', celery_broker_url='redis://127.0.0.1:1'))\n"
               "print(json.dumps(sorted(m for m in ('kafka', 'sqlalchemy', 's3fs', 'celery', 'vllm', 'workers')"
               " if m in sys.modules)))\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == []

@@ -229,8 +229,8 @@ def test_every_serving_process_is_a_role_process_tuning_knows():
     not when it starts."""
     from api.cli import build_parser
 
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # noqa: SLF001
-    processes = next(a for a in serve._actions if a.dest == "process").choices  # noqa: SLF001
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    processes = next(a for a in serve._actions if a.dest == "process").choices
     assert set(processes) <= set(PLACED_AT_START)
     with pytest.raises(KeyError, match="unknown serving process"):
         tune_process(Settings(), "no-such-process")
