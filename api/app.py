@@ -17,16 +17,16 @@ from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
 from api.stream_hub import StreamHub
 from models.settings import Settings
-from pipelines.admin import RegistryView
-from pipelines.bootstrap import open_log
+from pipelines.bootstrap import Bootstrap
 from pipelines.tokencount import TokenCounter
 
 logger = logging.getLogger(__name__)
 
 
 def build_services(settings: Settings) -> Services:
-    log = open_log(settings)
-    return Services(settings=settings, log=log, registry_view=RegistryView(log), counter=TokenCounter(),
+    platform = Bootstrap(settings)
+    log = platform.event_log()
+    return Services(settings=settings, log=log, registry_view=platform.registry_view(log), counter=TokenCounter(),
                     hub=StreamHub(log))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import signal
@@ -15,6 +14,7 @@ from datetime import timedelta
 
 from api.cli_admin import add_admin_parser
 from models.settings import Settings
+from pipelines.process_tuning import tune_process
 
 # Long-running processes offered by feature modules: {name: handler(settings, args)}.
 SERVE_HANDLERS: dict = {}
@@ -62,12 +62,12 @@ def _run_until_signal(run_once, close) -> int:
 
 
 def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
-    from pipelines.admin import RegistryView
     from pipelines.admission import AdmissionProcessor
-    from pipelines.bootstrap import open_log
+    from pipelines.bootstrap import Bootstrap
 
-    log = open_log(settings)
-    processor = AdmissionProcessor(log, RegistryView(log), grace=timedelta(seconds=settings.grace_s))
+    platform = Bootstrap(settings)
+    log = platform.event_log()
+    processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s))
     return _run_until_signal(processor.run_once, lambda: (processor.close(), log.close()))
 
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     if args.verb == "serve":
         try:
-            settings.apply_to_process()
+            tune_process(settings, args.process)
         except ValueError as exc:  # CPUs this process may not use: say so, start nothing
             parser.error(f"LEDGERLM_CPUS: {exc}")
         serve = {"api": _serve_api, "admission": _serve_admission, **SERVE_HANDLERS}

@@ -78,11 +78,12 @@ def add_admin_parser(sub) -> None:
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     from pipelines import admin
-    from pipelines.bootstrap import open_log
+    from pipelines.bootstrap import Bootstrap
 
     actor = os.environ.get("USER", "cli")
-    with open_log(settings) as log:
-        view = admin.RegistryView(log)
+    platform = Bootstrap(settings)
+    with platform.event_log() as log:
+        view = platform.registry_view(log)
         try:
             for line in _run(admin, view, args, actor):
                 print(json.dumps(line))

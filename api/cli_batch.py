@@ -170,12 +170,12 @@ def serve_dispatcher(settings: Settings) -> int:
     import threading
 
     from pipelines.batch.dispatcher import dispatcher_from_settings
-    from pipelines.bootstrap import open_log
+    from pipelines.bootstrap import Bootstrap
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    log = open_log(settings)
+    log = Bootstrap(settings).event_log()
     dispatcher = dispatcher_from_settings(settings, log)
     print(json.dumps({"batch_dispatcher": "ready"}), flush=True)
     try:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from models.settings import Settings
+from pipelines.bootstrap import Bootstrap
 
 logger = logging.getLogger(__name__)
 
@@ -31,22 +32,19 @@ def _runner(settings: Settings, log, *, batch_events: int = 5000, migrate: bool 
     from migrations.runner import upgrade
     from pipelines.projections import all_projections
     from pipelines.projections.runner import ProjectionRunner
-    from pipelines.projections.sql import open_projection_db
 
     if migrate:  # the projector brings its schema to head, so a quick start needs no extra step
         upgrade(settings.database_url)
-    engine = open_projection_db(settings.database_url)
+    engine = Bootstrap(settings).projection_db()
     return ProjectionRunner(log, engine, all_projections(_signer(settings)), batch_events=batch_events), engine
 
 
 def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
-    from pipelines.bootstrap import open_log
-
     logging.getLogger("pipelines.projections").setLevel(logging.INFO)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with open_log(settings) as log:
+    with Bootstrap(settings).event_log() as log:
         runner, engine = _runner(settings, log)
         try:
             runner.run(stop)
@@ -64,17 +62,15 @@ def _print_digests(digests, as_json: bool) -> None:
 
 
 def _projections(settings: Settings, args: argparse.Namespace) -> int:
-    from pipelines.bootstrap import open_log
-
+    platform = Bootstrap(settings)
     if args.action == "digest":
         from pipelines.audit.digest import table_digests
-        from pipelines.projections.sql import open_projection_db
 
-        engine = open_projection_db(args.db or settings.database_url)
+        engine = platform.projection_db(args.db)
         _print_digests(table_digests(engine), args.json)
         engine.dispose()
         return 0
-    with open_log(settings) as log:
+    with platform.event_log() as log:
         runner, engine = _runner(settings, log, batch_events=args.batch_events, migrate=args.action == "run")
         try:
             if args.action == "run":
@@ -91,16 +87,14 @@ def _projections(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _audit(settings: Settings, args: argparse.Namespace) -> int:
+    from pipelines.audit.chain import CHECKPOINT_EVERY
     from pipelines.audit.signing import Ed25519Verifier
     from pipelines.audit.verify import verify
-    from pipelines.bootstrap import open_log
-    from pipelines.projections.sql import open_projection_db
 
-    from pipelines.audit.chain import CHECKPOINT_EVERY
-
+    platform = Bootstrap(settings)
     verifier = Ed25519Verifier.from_base64(args.public_key) if args.public_key else _signer(settings)
-    engine = open_projection_db(args.db or settings.database_url)
-    with open_log(settings, create_topics=False) as log:
+    engine = platform.projection_db(args.db)
+    with platform.event_log(create_topics=False) as log:
         report = verify(log, engine, verifier, checkpoint_every=args.checkpoint_every or CHECKPOINT_EVERY)
     engine.dispose()
     summary = {"ok": report.ok, "records": report.records, "partitions": report.partitions,
@@ -122,9 +116,8 @@ def _audit(settings: Settings, args: argparse.Namespace) -> int:
 
 def _replay(settings: Settings, args: argparse.Namespace) -> int:
     from pipelines.audit.replay import ReplayTargetNotEmpty, replay
-    from pipelines.bootstrap import open_log
 
-    with open_log(settings, create_topics=False) as log:
+    with Bootstrap(settings).event_log(create_topics=False) as log:
         try:
             result = replay(log, args.into, _signer(settings), batch_events=args.batch_events)
         except ReplayTargetNotEmpty as exc:
@@ -139,14 +132,13 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
 def _usage(settings: Settings, args: argparse.Namespace) -> int:
     from pipelines.projections import reports
     from pipelines.projections.queries import daily_spend, month_bounds, usage_report
-    from pipelines.projections.sql import open_projection_db
 
     try:
         month_bounds(args.month)
     except ValueError:
         print(f"error: --month {args.month!r} is not YYYY-MM", file=sys.stderr)
         return 2
-    engine = open_projection_db(args.db or settings.database_url)
+    engine = Bootstrap(settings).projection_db(args.db)
     try:
         rows = usage_report(engine, args.month)
         out = args.out or f"usage-{args.month}.{args.format}"

@@ -20,7 +20,7 @@ from models import topics
 from models.events import decode
 from models.settings import Settings
 from pipelines import admin
-from pipelines.bootstrap import open_log
+from pipelines.bootstrap import Bootstrap
 
 TENANT = "demo"
 
@@ -78,8 +78,9 @@ def _wait_http(url: str, timeout_s: float) -> None:
 
 
 def _credentials(settings: Settings) -> str:
-    with open_log(settings) as log:
-        view = admin.RegistryView(log)
+    platform = Bootstrap(settings)
+    with platform.event_log() as log:
+        view = platform.registry_view(log)
         if TENANT not in view.refresh().tenants:
             admin.create_tenant(view, tenant_id=TENANT, name="Demo team", actor="demo")
         secret, _ = admin.issue_key(view, tenant_id=TENANT, actor="demo")
@@ -88,7 +89,7 @@ def _credentials(settings: Settings) -> str:
 
 def _request_events(settings: Settings, request_id: str) -> list:
     found = []
-    with open_log(settings) as log:
+    with Bootstrap(settings).event_log() as log:
         for topic in topics.ALL:
             for partition in range(log.partitions(topic.name)):
                 offset = 0

@@ -2,8 +2,6 @@
 passed down; adapters are chosen by the scheme of their URL."""
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
@@ -44,6 +42,9 @@ class Settings(BaseSettings):
     max_model_len: int = 512
     kv_cache_gb: float = 1.0
     engine_max_seqs: int = 16
+    # What builds a pool worker's inference engine from settings, as "module:callable"; it
+    # is imported only when an engine is made (tests name a fake one the same way).
+    engine_factory: str = "workers.vllm_engine:VllmEngine.from_settings"
     # Added to the nice value of vLLM's engine processes (0: unchanged): on a shared host the
     # platform's own threads then never wait for a CPU behind model compute.
     engine_nice: int = Field(default=10, ge=0, le=19)
@@ -102,18 +103,6 @@ class Settings(BaseSettings):
         """The CPUs `cpus` names; None where it leaves the choice to someone else."""
         return None if self.cpus in ("", "all") else parse_cpu_list(self.cpus)
 
-    def apply_to_process(self, *, place: bool = True) -> None:
-        """What a long-running serving process (API, admission, worker) sets for itself.
-        A worker places itself later (`place=False`): its engine's processes must start with
-        every CPU, to bind their compute threads where they choose. CPUs the process may not
-        use are refused here either way (ValueError), before anything starts."""
-        sys.setswitchinterval(self.switch_interval_ms / 1000)
-        cpus = self.cpu_set()
-        if cpus is not None:
-            usable_cpus(cpus)
-            if place:
-                run_on_cpus(cpus)
-
     def ensure_home(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)
         return self.home
@@ -143,23 +132,3 @@ def format_cpu_list(cpus: set[int]) -> str:
         else:
             runs.append([cpu, cpu])
     return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)
-
-
-def usable_cpus(cpus: set[int]) -> set[int]:
-    """Those of `cpus` this process may run on; a ValueError when there are none."""
-    usable = cpus & os.sched_getaffinity(0)
-    if not usable:
-        raise ValueError(f"none of CPUs {format_cpu_list(cpus)} is available to this process "
-                         f"(it may use {format_cpu_list(os.sched_getaffinity(0))})")
-    return usable
-
-
-def run_on_cpus(cpus: set[int]) -> None:
-    """Moves every thread of this process onto `cpus`; threads started later inherit it
-    from whoever starts them. A ValueError when this process may use none of them."""
-    usable = usable_cpus(cpus)
-    for task in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(task), usable)
-        except ProcessLookupError:  # the thread ended meanwhile
-            pass

@@ -16,8 +16,6 @@ import shutil
 import uuid
 from typing import IO
 
-from models.settings import Settings
-
 
 class ObjectNotFound(FileNotFoundError):
     pass
@@ -165,7 +163,3 @@ def open_object_store(url: str, *, endpoint_url: str | None = None, key: str | N
         return MemoryObjectStore(url)
     raise ValueError(f"unsupported object store URL {url!r}; expected file:///path or s3://bucket/prefix")
 
-
-def store_from_settings(settings: Settings) -> ObjectStore:
-    return open_object_store(settings.object_store_url, endpoint_url=settings.s3_endpoint_url,
-                             key=settings.s3_key, secret=settings.s3_secret)

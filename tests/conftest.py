@@ -3,11 +3,14 @@ the one vLLM engine of the session, and a whole platform per event-log adapter."
 from __future__ import annotations
 
 import os
+import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from models.settings import Settings
+from pipelines.bootstrap import Bootstrap
 
 pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup"]
 
@@ -50,11 +53,22 @@ def s3_endpoint() -> str:
     return service_url("s3")
 
 
-def make_log_opener(kind: str, tmp_dir: Path):
-    """A function opening fresh handles onto one isolated log of the given adapter."""
-    from tests.harness import isolated_log_opener
+def isolated_log_settings(kind: str, home: Path, *, prefix: str = "t") -> Settings:
+    """Settings naming one isolated log: the embedded one under `home`, or a new namespace
+    (`prefix` + random) on the real Kafka."""
+    if kind == "embedded":
+        return Settings(home=home, event_log_url=f"sqlite:///{Path(home) / 'eventlog.db'}", event_log_namespace="")
+    return Settings(home=home, event_log_url=service_url("kafka"), event_log_namespace=prefix + uuid.uuid4().hex[:12])
 
-    return isolated_log_opener(kind, tmp_dir, kafka_url=service_url("kafka") if kind == "kafka" else "")
+
+def make_log_opener(kind: str, tmp_dir: Path, *, prefix: str = "t"):
+    """A function opening fresh handles onto one isolated log of the given adapter, its
+    topics made; its `.settings` name the log, for another process to open it."""
+    platform = Bootstrap(isolated_log_settings(kind, tmp_dir, prefix=prefix))
+    platform.event_log().close()
+    opener = partial(platform.event_log, create_topics=False)
+    opener.settings = platform.settings
+    return opener
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from models.settings import Settings
+from pipelines.bootstrap import Bootstrap
 from workers.engine_runner import EngineRunner
 from workers.tiny_model import make_tiny_model
 from workers.vllm_engine import VllmEngine, VllmEngineConfig
@@ -40,8 +42,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_runner(tiny_model_dir: Path) -> Iterator[EngineRunner]:
-    """The started engine on its loop thread; submit coroutines with `.submit()`."""
-    runner = EngineRunner(VllmEngine(tiny_engine_config(tiny_model_dir)), name="vllm-engine")
+    """The started engine on its loop thread; submit coroutines with `.submit()`. Built the
+    way a worker builds its own (`LEDGERLM_ENGINE_FACTORY` names another factory), with the
+    capacity of `tiny_engine_config`."""
+    settings = Settings(model=tiny_model_dir, max_model_len=512, engine_max_seqs=8, kv_cache_gb=0.125)
+    runner = EngineRunner(Bootstrap(settings).engine(), name="vllm-engine")
     runner.start(timeout=ENGINE_START_TIMEOUT_S)
     yield runner
     runner.close()

@@ -14,11 +14,12 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
-from models.settings import Settings, format_cpu_list, run_on_cpus
+from models.settings import Settings, format_cpu_list
+from pipelines.bootstrap import Bootstrap
+from pipelines.process_tuning import lower_session_priority, run_on_cpus, tune_process
 
 
 def model_dir(settings: Settings) -> Path:
@@ -31,36 +32,16 @@ def model_dir(settings: Settings) -> Path:
 
 
 def approve(settings: Settings, log, *, alias: str | None = None) -> str:
-    from pipelines.admin import RegistryView, approve_model
-    from workers.vllm_engine import VllmEngine, engine_config_hash
+    from pipelines.admin import approve_model
 
+    platform = Bootstrap(settings)
     path = model_dir(settings).resolve()
-    config_hash = engine_config_hash(VllmEngine.from_settings(settings.model_copy(update={"model": path})).config)
+    config_hash = platform.engine(model=path).engine_config_hash()  # the port's hash: no engine starts
     revision = f"{path.name}@{config_hash[:12]}"
-    approve_model(RegistryView(log), alias=alias or settings.model_alias, model_revision=revision,
+    approve_model(platform.registry_view(log), alias=alias or settings.model_alias, model_revision=revision,
                   model_path=str(path), engine_config_hash=config_hash, max_model_len=settings.max_model_len,
                   actor=os.environ.get("USER", "worker"))
     return revision
-
-
-def lower_session_priority(nice: int) -> bool:
-    """Where this process leads a session of its own and Linux schedules sessions as groups
-    (autogroup), CPUs are shared between sessions before threads: lowering the engine's
-    threads alone would not let another session's API or admission in sooner. So the
-    group, which holds this worker and its engine processes, is lowered too. True if it
-    was; a process sharing its session with others leaves it alone."""
-    if nice <= 0 or os.getsid(0) != os.getpid():
-        return False
-    for _ in range(5):
-        try:
-            with open("/proc/self/autogroup", "w") as autogroup:
-                autogroup.write(str(nice))
-            return True
-        except BlockingIOError:  # without CAP_SYS_ADMIN, one change per 100 ms on the whole host
-            time.sleep(0.11)
-        except OSError:  # no autogroup here (another OS, or cgroups decide): nothing to do
-            return False
-    return False
 
 
 def place_beside_engine(settings: Settings, engine) -> set[int] | None:
@@ -86,12 +67,11 @@ def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[
     for its supervisor to restart."""
     from datetime import timedelta
 
-    from pipelines.admin import RegistryView
     from pipelines.admission import AdmissionProcessor
-    from pipelines.bootstrap import open_log
 
-    log = open_log(settings, create_topics=False)
-    processor = AdmissionProcessor(log, RegistryView(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
+    platform = Bootstrap(settings)
+    log = platform.event_log(create_topics=False)
+    processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
                                    member_id=f"{worker.worker_id}-admission")
 
     def admit() -> None:
@@ -112,22 +92,21 @@ def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[
 
 
 def serve_worker(settings: Settings, pool: str | None = None) -> int:
-    from pipelines.bootstrap import open_log
     from workers.engine_runner import EngineRunner
     from workers.interactive import InteractiveWorker
-    from workers.vllm_engine import VllmEngine
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     settings = settings.model_copy(update={"model": model_dir(settings)})
     lower_session_priority(settings.engine_nice)
-    log = open_log(settings)
-    runner = EngineRunner(VllmEngine.from_settings(settings)).start()
+    platform = Bootstrap(settings)
+    log = platform.event_log()
+    runner = EngineRunner(platform.engine()).start()
     try:
         cpus = place_beside_engine(settings, runner.engine)
         engine_cpus = runner.engine.pin_to_compute_cpus() if settings.engine_pinned else set()
-        cancel_log = open_log(settings, create_topics=False)
+        cancel_log = platform.event_log(create_topics=False)
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000)
@@ -173,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.admit:
             settings = settings.model_copy(update={"worker_admits": True})
         try:
-            settings.apply_to_process(place=False)  # the engine starts with every CPU; see serve_worker
+            tune_process(settings, "worker")  # the engine starts with every CPU; see serve_worker
         except ValueError as exc:  # CPUs this process may not use: refused before an engine starts
             parser.error(f"LEDGERLM_CPUS: {exc}")
         return serve_worker(settings, args.pool)
@@ -187,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(prepare_smollm2(args.directory or default_dir(settings.home)).resolve())
         return 0
-    from pipelines.bootstrap import open_log
-
-    with open_log(settings) as log:
+    with Bootstrap(settings).event_log() as log:
         print(json.dumps({"model_revision": approve(settings, log, alias=args.alias)}))
     return 0
 

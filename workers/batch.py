@@ -25,7 +25,8 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from models.settings import Settings
-from pipelines.batch.queue import TASK_NAME, celery_config
+from pipelines.batch.queue import TASK_NAME
+from pipelines.bootstrap import Bootstrap
 from workers.batch_engine import EngineMismatch, EngineSlot
 from workers.batch_runner import ChunkTask, report_failure, run_chunk
 
@@ -38,9 +39,7 @@ celery_app = Celery("ledgerlm-batch", set_as_current=False)
 
 @celery_app.on_configure.connect
 def _configure(sender: Celery, **_) -> None:
-    settings = Settings()
-    sender.conf.update(celery_config(settings.celery_broker_url, settings.batch_queue,
-                                     chunk_time_limit_s=settings.batch_chunk_time_limit_s))
+    sender.conf.update(Bootstrap(Settings()).celery_config())
 
 
 @dataclass
@@ -59,11 +58,9 @@ def resources() -> _Process:
     """The calling process's store, log and engine slot, made on first use."""
     global _process
     if _process is None or _process.worker_id != _worker_id():
-        from pipelines.bootstrap import open_log
-        from pipelines.objectstore import store_from_settings
-
         settings = Settings()
-        _process = _Process(settings, store_from_settings(settings), open_log(settings, create_topics=False),
+        platform = Bootstrap(settings)
+        _process = _Process(settings, platform.object_store(), platform.event_log(create_topics=False),
                             EngineSlot({"max_num_seqs": settings.engine_max_seqs, "kv_cache_gb": settings.kv_cache_gb}),
                             _worker_id())
     return _process

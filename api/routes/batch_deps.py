@@ -13,7 +13,8 @@ from api.deps import ServicesDep, scope
 from models.batch import BatchState, FileState
 from models.registry import Principal
 from pipelines.batch.view import BatchView
-from pipelines.objectstore import ObjectStore, store_from_settings
+from pipelines.bootstrap import Bootstrap
+from pipelines.objectstore import ObjectStore
 
 _lock = threading.Lock()
 
@@ -28,7 +29,7 @@ def batch_services(request: Request, svc: ServicesDep) -> BatchServices:
     state = request.app.state
     with _lock:
         if getattr(state, "batch_services", None) is None:
-            state.batch_services = BatchServices(store_from_settings(svc.settings), BatchView(svc.log))
+            state.batch_services = BatchServices(Bootstrap(svc.settings).object_store(), BatchView(svc.log))
     return state.batch_services
 
 

@@ -15,8 +15,8 @@ from sqlalchemy import Engine
 from api.deps import scope
 from api.errors import ApiError
 from models.registry import Principal
+from pipelines.bootstrap import Bootstrap
 from pipelines.projections.queries import tenant_quota, usage_summary
-from pipelines.projections.sql import open_projection_db
 
 router = APIRouter()
 UsageDep = Annotated[Principal, scope("usage")]
@@ -28,7 +28,7 @@ def projection_db(request: Request) -> Engine:
     state = request.app.state
     with _engine_lock:
         if getattr(state, "projection_db", None) is None:
-            state.projection_db = open_projection_db(state.services.settings.database_url)
+            state.projection_db = Bootstrap(state.services.settings).projection_db()
         return state.projection_db
 
 

@@ -144,10 +144,8 @@ class BatchDispatcher:
 
 
 def dispatcher_from_settings(settings: Settings, log: EventLog) -> BatchDispatcher:
-    from pipelines.batch.queue import CeleryChunkQueue
-    from pipelines.objectstore import store_from_settings
+    from pipelines.bootstrap import Bootstrap
 
-    queue = CeleryChunkQueue(settings.celery_broker_url, settings.batch_queue,
-                             chunk_time_limit_s=settings.batch_chunk_time_limit_s)
-    return BatchDispatcher(log, RegistryView(log), store_from_settings(settings), queue,
+    platform = Bootstrap(settings)
+    return BatchDispatcher(log, platform.registry_view(log), platform.object_store(), platform.chunk_queue(),
                            options=options_from_settings(settings), limits_for=limits_from_settings(settings))

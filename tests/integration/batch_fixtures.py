@@ -35,16 +35,12 @@ from models.events import decode, new_event
 from models.events_admin import TenantLimitsChanged
 from models.settings import Settings
 from pipelines import admin
-from pipelines.admin import RegistryView
 from pipelines.batch.dispatcher import BatchDispatcher, limits_from_settings
-from pipelines.batch.queue import CeleryChunkQueue
 from pipelines.batch.reconcile import DispatchOptions
-from pipelines.bootstrap import topic_specs
-from pipelines.eventlog import open_event_log, partition_for
-from pipelines.eventlog.namespaced import NamespacedEventLog
-from pipelines.objectstore import store_from_settings
+from pipelines.bootstrap import Bootstrap
+from pipelines.eventlog import partition_for
 from pipelines.tokencount import TokenCounter
-from tests.conftest import service_url
+from tests.conftest import make_log_opener, service_url
 from tests.harness import MODEL_ALIAS, Loop, free_port, wait_until
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
@@ -117,21 +113,21 @@ class BatchPlatform:
     logs: list = field(default_factory=list)
 
     def start(self) -> "BatchPlatform":
+        platform = Bootstrap(self.settings)
         self.admin_log = self._log()
-        self.view = RegistryView(self.admin_log)
-        self.store = store_from_settings(self.settings)
+        self.view = platform.registry_view(self.admin_log)
+        self.store = platform.object_store()
         self.worker = CeleryWorker(self.settings, self.settings.home / "celery-worker.log")
-        queue = CeleryChunkQueue(self.settings.celery_broker_url, self.settings.batch_queue,
-                                 chunk_time_limit_s=self.settings.batch_chunk_time_limit_s)
+        queue = platform.chunk_queue()
         log = self._log()
         self.dispatcher = BatchDispatcher(
-            log, RegistryView(log), self.store, queue, limits_for=limits_from_settings(self.settings),
+            log, platform.registry_view(log), self.store, queue, limits_for=limits_from_settings(self.settings),
             options=DispatchOptions(chunk_size=self.chunk_size, chunks_in_flight=self.chunks_in_flight,
                                     stop_grace_s=30, chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
         self.loop = Loop("batch-dispatcher", lambda: self.dispatcher.run_once(0.05),
                          lambda: (self.dispatcher.close(), queue.close())).start()
         api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
+        services = Services(settings=self.settings, log=api_log, registry_view=platform.registry_view(api_log),
                             counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=self.port,
@@ -223,18 +219,9 @@ class BatchPlatform:
 
 
 def _log_opener(kind: str, home: Path) -> tuple[dict, object]:
-    if kind == "embedded":
-        url = f"sqlite:///{home / 'eventlog.db'}"
-        first = open_event_log(url)
-        first.ensure_topics(topic_specs())
-        first.close()
-        return {"event_log_url": url}, lambda: open_event_log(url)
-    url, namespace = service_url("kafka"), "b" + uuid.uuid4().hex[:12]
-    first = NamespacedEventLog(open_event_log(url), namespace)
-    first.ensure_topics(topic_specs())
-    first.close()
-    return {"event_log_url": url, "event_log_namespace": namespace}, \
-        lambda: NamespacedEventLog(open_event_log(url), namespace)
+    """The settings naming one fresh log of `kind`, and an opener of handles onto it."""
+    opener = make_log_opener(kind, home, prefix="b")
+    return {name: getattr(opener.settings, name) for name in ("event_log_url", "event_log_namespace")}, opener
 
 
 @pytest.fixture(scope="session", params=["embedded", "kafka"])

@@ -14,13 +14,12 @@ import pytest
 import sqlalchemy as sa
 
 from migrations.runner import upgrade
+from models.settings import Settings
 from pipelines.audit.signing import HmacSigner
-from pipelines.bootstrap import topic_specs
-from pipelines.eventlog import EventLog, open_event_log
-from pipelines.eventlog.namespaced import NamespacedEventLog
+from pipelines.bootstrap import Bootstrap
+from pipelines.eventlog import EventLog
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
-from pipelines.projections.sql import open_projection_db
 from tests.conftest import make_log_opener, service_url
 
 SIGNER = HmacSigner(b"test-audit-key")
@@ -68,22 +67,16 @@ def ledger_dbs(request, tmp_path) -> Databases:
 
 def log_opener(kind: str, tmp_path: Path) -> Callable[[], EventLog]:
     """Opens handles onto one fresh log; `.spec` says how another process opens it."""
-    if kind == "embedded":
-        opener = make_log_opener("embedded", tmp_path)
-        opener.spec = f"sqlite:///{tmp_path / 'eventlog.db'}"
-        return opener
-    url, namespace = service_url("kafka"), "t" + uuid.uuid4().hex[:12]
-    opener = lambda: NamespacedEventLog(open_event_log(url), namespace)  # noqa: E731
-    with opener() as first:
-        first.ensure_topics(topic_specs())
-    opener.spec = f"{url}#{namespace}"
+    opener = make_log_opener(kind, tmp_path)
+    opener.spec = f"{opener.settings.event_log_url}#{opener.settings.event_log_namespace}"
     return opener
 
 
 def open_spec(spec: str) -> EventLog:
     url, _, namespace = spec.partition("#")
-    log = open_event_log(url)
-    return NamespacedEventLog(log, namespace) if namespace else log
+    home = Path(url[len("sqlite:///"):]).parent if url.startswith("sqlite:///") else Path(".")
+    return Bootstrap(Settings(home=home, event_log_url=url, event_log_namespace=namespace)).event_log(
+        create_topics=False)
 
 
 @pytest.fixture(params=["embedded", "kafka"])
@@ -97,7 +90,7 @@ def embedded_ledger_log(tmp_path) -> Callable[[], EventLog]:
 
 
 def runner_for(log: EventLog, url: str, *, batch_events: int = 500, projections=None) -> ProjectionRunner:
-    engine = open_projection_db(url)
+    engine = Bootstrap(Settings(database_url=url)).projection_db()
     return ProjectionRunner(log, engine, projections or all_projections(SIGNER, checkpoint_every=EVERY),
                             batch_events=batch_events)
 

@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from models.settings import Settings, format_cpu_list, parse_cpu_list
+from pipelines.process_tuning import PLACED_AT_START, tune_process
 from workers.vllm_engine import bound_cpus, confine_threads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ def test_run_on_cpus_moves_every_thread_and_later_threads_follow():
     first, _ = two_cpus()
     result = in_child(AFFINITIES + f"""
     import json, os, threading, time
-    from models.settings import run_on_cpus
+    from pipelines.process_tuning import run_on_cpus
     for _ in range(3):
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
     before = affinities()
@@ -85,7 +86,7 @@ def test_run_on_cpus_moves_every_thread_and_later_threads_follow():
 def test_cpus_this_process_may_not_use_are_refused_and_nothing_moves():
     result = in_child(AFFINITIES + """
     import json, os
-    from models.settings import run_on_cpus
+    from pipelines.process_tuning import run_on_cpus
     try:
         run_on_cpus({4096})
         error = None
@@ -221,3 +222,15 @@ def test_cpus_a_process_may_not_use_stop_it_with_a_clear_error_before_it_starts(
     assert "LEDGERLM_CPUS: none of CPUs 4096 is available to this process" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "eventlog.db").exists(), "it stopped before opening the log"
+
+
+def test_every_serving_process_is_a_role_process_tuning_knows():
+    """`ledgerlm serve X` tunes itself as role X: a process added without a role fails here,
+    not when it starts."""
+    from api.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    processes = next(a for a in serve._actions if a.dest == "process").choices
+    assert set(processes) <= set(PLACED_AT_START)
+    with pytest.raises(KeyError, match="unknown serving process"):
+        tune_process(Settings(), "no-such-process")

@@ -62,7 +62,7 @@ def test_nothing_changes_with_zero_and_a_gone_process_is_passed_over(child):
 
 SESSION_PROBE = textwrap.dedent("""
     import json, os, sys
-    from workers.__main__ import lower_session_priority
+    from pipelines.process_tuning import lower_session_priority
     lowered = lower_session_priority(int(sys.argv[1]))
     group = open("/proc/self/autogroup").read().strip() if os.path.exists("/proc/self/autogroup") else ""
     print(json.dumps({"lowered": lowered, "group": group}))
