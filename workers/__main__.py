@@ -1,7 +1,8 @@
 """`python -m workers`: the inference side of the `ledgerlm` command.
 
     python -m workers serve worker          run an interactive pool worker
-                                            (--admit: admission in the same process)
+                                            (--revision R / --alias A: what it serves;
+                                             --admit: admission in the same process)
     python -m workers model make-tiny DIR   generate the small local model
     python -m workers model approve         approve the configured model under its alias
 """
@@ -20,6 +21,8 @@ from typing import Callable
 from models.settings import Settings, format_cpu_list
 from pipelines.bootstrap import Bootstrap
 from pipelines.process_tuning import lower_session_priority, run_on_cpus, tune_process
+from workers.engine import EngineMismatch
+from workers.revision import UnknownRevision
 
 
 def model_dir(settings: Settings) -> Path:
@@ -91,27 +94,54 @@ def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[
     return close
 
 
-def serve_worker(settings: Settings, pool: str | None = None) -> int:
+def resolve_worker_revision(settings: Settings, *, revision: str | None = None, alias: str | None = None):
+    """(the settings that load the revision, the revision) for a worker; the clear errors of
+    `workers.revision` when it is not approved or its engine would hash differently."""
+    from workers.revision import check_engine, engine_settings, revision_to_serve
+
+    platform = Bootstrap(settings)
+    with platform.event_log() as log:
+        registry = platform.registry_view(log).refresh()
+    path = None
+    config_hash = None
+    if revision is None and alias is None:
+        path = model_dir(settings).resolve()
+        config_hash = platform.engine(model=path).engine_config_hash()  # the port's hash: no engine starts
+    serving = revision_to_serve(registry, settings, revision=revision, alias=alias, model_path=path,
+                                config_hash=config_hash)
+    settings = engine_settings(settings, serving)
+    check_engine(Bootstrap(settings).engine(), serving)  # before minutes of engine start
+    return settings, serving
+
+
+def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
+                 alias: str | None = None) -> int:
     from workers.engine_runner import EngineRunner
     from workers.interactive import InteractiveWorker
+    from workers.revision import check_engine, warm_up
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    settings = settings.model_copy(update={"model": model_dir(settings)})
+    settings, serving = resolve_worker_revision(settings, revision=revision, alias=alias)
     lower_session_priority(settings.engine_nice)
     platform = Bootstrap(settings)
     log = platform.event_log()
     runner = EngineRunner(platform.engine()).start()
     try:
+        config_hash = check_engine(runner.engine, serving)  # from the engine it actually loaded
+        runner.submit(warm_up(runner.engine)).result(timeout=300)  # warm before it joins the fleet
         cpus = place_beside_engine(settings, runner.engine)
         engine_cpus = runner.engine.pin_to_compute_cpus() if settings.engine_pinned else set()
         cancel_log = platform.event_log(create_topics=False)
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
-                                   stream_linger_s=settings.stream_linger_ms / 1000)
+                                   stream_linger_s=settings.stream_linger_ms / 1000,
+                                   revision=serving.model_revision, engine_config_hash=config_hash)
         close_admission = admit_beside(worker, settings, stop) if settings.worker_admits else None
+        worker.join()
         print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": close_admission is not None,
+                          "revision": serving.model_revision,
                           "cpus": format_cpu_list(cpus) if cpus else None,
                           "engine_cpus": format_cpu_list(engine_cpus) if engine_cpus else None}), flush=True)
         try:
@@ -134,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve")
     serve.add_argument("process", choices=["worker"])
     serve.add_argument("--pool", help="serve only this dedicated pool (default: the shared interactive pool)")
+    serving = serve.add_mutually_exclusive_group()
+    serving.add_argument("--revision", help="serve this approved model revision (default: the approved revision "
+                                            "of the configured model, LEDGERLM_MODEL)")
+    serving.add_argument("--alias", help="serve the revision this alias pins now")
     serve.add_argument("--admit", action="store_true",
                        help="also run admission, taking work it can start at once in the same commit "
                             "(the same as LEDGERLM_WORKER_ADMITS=1)")
@@ -155,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             tune_process(settings, "worker")  # the engine starts with every CPU; see serve_worker
         except ValueError as exc:  # CPUs this process may not use: refused before an engine starts
             parser.error(f"LEDGERLM_CPUS: {exc}")
-        return serve_worker(settings, args.pool)
+        try:
+            return serve_worker(settings, args.pool, revision=args.revision, alias=args.alias)
+        except (UnknownRevision, EngineMismatch) as exc:  # said plainly, before any engine starts
+            print(f"ledgerlm serve worker: {exc}", file=sys.stderr)
+            return 2
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model
 

@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from workers.engine import EngineMismatch
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
 logger = logging.getLogger(__name__)
-
-
-class EngineMismatch(Exception):
-    """This worker's engine would not produce the pinned revision; retrying cannot help."""
 
 
 @dataclass(frozen=True)

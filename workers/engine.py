@@ -44,6 +44,11 @@ class EngineError(Exception):
     """The engine could not serve a request (dead, overloaded, or failed mid-stream)."""
 
 
+class EngineMismatch(Exception):
+    """A worker's engine would not produce the revision it was asked to serve (its config
+    hash differs from the approved one); retrying cannot help."""
+
+
 class InvalidEngineRequest(EngineError):
     """The request itself is unacceptable (e.g. prompt longer than the model allows);
     retrying it unchanged fails again."""
