@@ -14,7 +14,7 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 
 class EventLogError(RuntimeError):
@@ -206,6 +206,36 @@ class EventLog(ABC):
     @abstractmethod
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         ...
+
+    def read_partition(self, topic: str, partition: int, from_offset: int = 0, *, page: int = 2000
+                       ) -> Iterator[Record]:
+        """Every record of the partition from `from_offset` up to its end as of this call, in
+        order; records appended after the call are not read. `page`: records per `read`.
+
+        Records `read` never returns (on Kafka, aborted or still-open transactions and the
+        commit markers) are skipped as `read` skips them."""
+        return self._read_range(topic, partition, from_offset, self.end_offset(topic, partition), page)
+
+    def read_topic(self, topic: str, from_offsets: Mapping[int, int] | None = None, *, page: int = 2000
+                   ) -> Iterator[Record]:
+        """`read_partition` over several partitions, one after the other in partition order,
+        every end fixed as of this call. `from_offsets` ({partition: offset}) names the
+        partitions to read and where each starts; None reads every partition from its start."""
+        if from_offsets is None:
+            from_offsets = {p: 0 for p in range(self.partitions(topic))}
+        ranges = [(p, from_offsets[p], self.end_offset(topic, p)) for p in sorted(from_offsets)]
+        return (record for p, start, end in ranges for record in self._read_range(topic, p, start, end, page))
+
+    def _read_range(self, topic: str, partition: int, offset: int, end: int, page: int) -> Iterator[Record]:
+        while offset < end:
+            batch = self.read(topic, partition, offset, max_records=page)
+            if not batch:
+                return  # below `end` nothing readable is left (aborted records, transaction markers)
+            for record in batch:
+                if record.offset >= end:
+                    return
+                yield record
+            offset = batch[-1].offset + 1
 
     def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
         """Follows `offsets` ({partition: next offset}) of `topic`; every caller sees every record."""
