@@ -183,7 +183,8 @@ class EventLogContract:
     def test_read_topic_reads_every_named_partition_to_its_end_in_partition_order(self):
         log, writer = self.opened(), self.opened()
         topic = self.topic(log, 3)
-        stored = writer.append(topic, [Message(f"k{i}", b"%d" % i, partition=p) for i, p in enumerate((2, 0, 2, 1, 2, 0))])
+        placed = enumerate((2, 0, 2, 1, 2, 0))
+        stored = writer.append(topic, [Message(f"k{i}", b"%d" % i, partition=p) for i, p in placed])
         reading = log.read_topic(topic, page=2)
         late = writer.append(topic, [Message("late", b"after the call", partition=p) for p in range(3)])
         in_order = sorted(stored, key=lambda r: (r.partition, r.offset))
