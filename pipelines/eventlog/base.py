@@ -148,6 +148,22 @@ class Tail:
         """The followed partitions' ends now: `poll` until `offsets` reach them to be caught up."""
         return {p: self._log.end_offset(self._topic, p) for p in self.offsets}
 
+    def read_to(self, ends: Mapping[int, int] | None = None, *, timeout_s: float, max_records: int = 1000
+                ) -> Iterator[Record]:
+        """Polls until `offsets` reach `ends` (default: `end_offsets()` as of this call),
+        yielding every record polled, in order; a poll may also return records past an end,
+        and the tail has moved past them. Raises TimeoutError if the ends are not reached
+        within `timeout_s`: a record known to be there did not come."""
+        ends = self.end_offsets() if ends is None else dict(ends)
+        return self._read_to(ends, time.monotonic() + timeout_s, max_records)
+
+    def _read_to(self, ends: dict[int, int], deadline: float, max_records: int) -> Iterator[Record]:
+        while any(self.offsets[p] < end for p, end in ends.items()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"caught up only to {self.offsets} of {ends}")
+            yield from self.poll(max_records=max_records, timeout_s=min(0.1, left))
+
     def low_offsets(self) -> dict[int, int]:
         """The first offset each followed partition still holds (0 where the log cannot say)."""
         low = getattr(self._log, "low_offset", None)
