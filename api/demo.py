@@ -91,14 +91,10 @@ def _request_events(settings: Settings, request_id: str) -> list:
     found = []
     with Bootstrap(settings).event_log() as log:
         for topic in topics.ALL:
-            for partition in range(log.partitions(topic.name)):
-                offset = 0
-                while batch := log.read(topic.name, partition, offset, max_records=2000):
-                    for record in batch:
-                        env = decode(record.value)
-                        if env.correlation_id == request_id:
-                            found.append((env.occurred_at, topic.name, record, env))
-                    offset = batch[-1].offset + 1
+            for record in log.read_topic(topic.name):
+                env = decode(record.value)
+                if env.correlation_id == request_id:
+                    found.append((env.occurred_at, topic.name, record, env))
     # Events stamped with the same time are shown in the order the request flows.
     flow = [topics.PROMPTS.name, topics.REQUESTS.name, topics.LEDGER.name]
     return sorted(found, key=lambda f: (f[0], flow.index(f[1]) if f[1] in flow else len(flow)))

@@ -5,6 +5,7 @@ import secrets
 import threading
 import time
 import uuid
+from typing import Iterable
 
 from pydantic import ValidationError
 
@@ -16,7 +17,7 @@ from models.events_admin import (
 )
 from models.quota import LIMIT_FIELDS, MAX_WINDOW_S
 from models.registry import Registry, hash_secret
-from pipelines.eventlog import EventLog, Message, TopicSpec
+from pipelines.eventlog import EventLog, Message, Record, TopicSpec
 from pipelines.eventlog.base import Tail
 
 PLATFORM = "_platform"  # tenant id under which platform-wide admin events are keyed
@@ -75,19 +76,21 @@ class RegistryView:
             if not timeout_s or not self._apply(self._tail.poll(max_records=1000, timeout_s=timeout_s)):
                 return self.registry
             end = self._tail.end_offsets()[0]
-        deadline = time.monotonic() + self.CATCH_UP_S
-        while self._next < end:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"admin topic: at offset {self._next} of {end} after {self.CATCH_UP_S} s")
-            self._apply(self._tail.poll(max_records=1000, timeout_s=min(0.2, left)))
+        try:
+            self._apply(self._tail.read_to({0: end}, timeout_s=self.CATCH_UP_S))
+        except TimeoutError:
+            raise TimeoutError(f"admin topic: at offset {self._next} of {end} after {self.CATCH_UP_S} s") from None
         return self.registry
 
-    def _apply(self, records: list) -> int:
-        for record in records:
-            self.registry.apply(decode(record.value))
-        self._next = max(self._next, self._tail.offsets[0])
-        return len(records)
+    def _apply(self, records: Iterable[Record]) -> int:
+        applied = 0
+        try:
+            for record in records:
+                self.registry.apply(decode(record.value))
+                applied += 1
+        finally:
+            self._next = max(self._next, self._tail.offsets[0])
+        return applied
 
     def close(self) -> None:
         with self._lock:

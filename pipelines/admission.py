@@ -197,17 +197,13 @@ def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
 def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datetime | None]:
     """The book of the given ledger partitions, and the latest decision time in them."""
     book, clock = ReservationBook(), None
-    for partition in sorted(partitions):
-        offset = 0
-        while batch := log.read(topics.LEDGER.name, partition, offset, max_records=5000):
-            for record in batch:
-                try:
-                    env = decode(record.value)
-                except EventDecodeError:
-                    continue
-                book.apply(env)
-                clock = env.occurred_at if clock is None else max(clock, env.occurred_at)
-            offset = batch[-1].offset + 1
+    for record in log.read_topic(topics.LEDGER.name, {p: 0 for p in partitions}, page=5000):
+        try:
+            env = decode(record.value)
+        except EventDecodeError:
+            continue
+        book.apply(env)
+        clock = env.occurred_at if clock is None else max(clock, env.occurred_at)
     return book, clock
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
@@ -102,7 +101,11 @@ class RequestIndex:
                 if at_least is not None and topic is topics.REQUESTS:
                     mine = partition_for(tenant_id, len(ends))
                     ends[mine] = max(ends[mine], at_least + 1)
-                self._read_to(tail, ends)
+                try:
+                    for record in tail.read_to(ends, timeout_s=self._timeout_s, max_records=5000):
+                        self._fold(parse_record(record, self._versions))
+                except TimeoutError:
+                    logger.warning("request index: caught up only to %s of %s", tail.offsets, ends)
 
     def _tail(self, topic: str) -> Tail:
         if topic not in self._tails:
@@ -110,15 +113,6 @@ class RequestIndex:
             tail.seek_to_time(int((datetime.now(timezone.utc) - self._window).timestamp() * 1000))
             self._tails[topic] = tail
         return self._tails[topic]
-
-    def _read_to(self, tail: Tail, ends: dict[int, int]) -> None:
-        deadline = time.monotonic() + self._timeout_s
-        while any(tail.offsets[p] < end for p, end in ends.items()):
-            for record in tail.poll(max_records=5000, timeout_s=0.1):
-                self._fold(parse_record(record, self._versions))
-            if time.monotonic() > deadline:
-                logger.warning("request index: caught up only to %s of %s", tail.offsets, ends)
-                return
 
     def close(self) -> None:
         for tail in self._tails.values():

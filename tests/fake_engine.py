@@ -58,22 +58,16 @@ def queue_work(log, tenant_id: str, request_id: str, *, deadline_s: float = 300.
 
 
 def started_ids(log) -> list[str]:
-    ids = []
-    for partition in range(log.partitions(topics.OUTCOMES.name)):
-        for record in log.read(topics.OUTCOMES.name, partition, 0, max_records=1000):
-            env = decode(record.value)
-            if env.event_type == "GenerationStarted":
-                ids.append(env.payload.request_id)
-    return ids
+    return [env.payload.request_id for env in (decode(r.value) for r in log.read_topic(topics.OUTCOMES.name))
+            if env.event_type == "GenerationStarted"]
 
 
 def outcomes(log) -> dict[str, list]:
     """Outcome events by request id."""
     found: dict[str, list] = {}
-    for partition in range(log.partitions(topics.OUTCOMES.name)):
-        for record in log.read(topics.OUTCOMES.name, partition, 0, max_records=1000):
-            env = decode(record.value)
-            found.setdefault(env.correlation_id, []).append(env)
+    for record in log.read_topic(topics.OUTCOMES.name):
+        env = decode(record.value)
+        found.setdefault(env.correlation_id, []).append(env)
     return found
 
 

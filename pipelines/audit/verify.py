@@ -15,7 +15,7 @@ import threading
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
-from itertools import chain, zip_longest
+from itertools import chain, islice, zip_longest
 from typing import Iterator, Sequence
 
 from sqlalchemy import Connection, Engine, func, select
@@ -64,10 +64,13 @@ class VerifyReport:
 
 
 def _log_pages(log: EventLog, topic: str, partition: int) -> Iterator[list[Record]]:
-    offset = 0
-    while batch := log.read(topic, partition, offset, max_records=PAGE):
-        yield batch
-        offset = batch[-1].offset + 1
+    """The partition as of now, in pages handed whole to the prefetching thread."""
+    try:
+        records = log.read_partition(topic, partition, page=PAGE)
+    except UnknownTopic:
+        return  # gone since its partitions were counted: no records, so every chained one is missing
+    while page := list(islice(records, PAGE)):
+        yield page
 
 
 def _trail_pages(conn: Connection, topic: str, partition: int) -> Iterator[list[tuple]]:

@@ -78,12 +78,8 @@ class BatchDispatcher:
     def _rebuild(self) -> None:
         self.book, self.budgets = BatchBook(), BudgetBook()
         self._reconciler.budget_of = self.budgets.of
-        for _, partition in sorted(self._assigned):
-            end, offset = self._log.end_offset(TOPIC.name, partition), 0
-            while offset < end and (records := self._log.read(TOPIC.name, partition, offset, max_records=5000)):
-                for record in records:
-                    self._decode_and_apply(record)
-                offset = records[-1].offset + 1
+        for record in self._log.read_topic(TOPIC.name, {partition: 0 for _, partition in self._assigned}, page=5000):
+            self._decode_and_apply(record)
 
     def _decode_and_apply(self, record) -> None:
         try:

@@ -30,16 +30,12 @@ class BatchView:
             if self._partitions is None:
                 self._partitions = self._log.partitions(topics.BATCHES.name)
             partition = partition_for(tenant_id, self._partitions)
-            offset, end = self._next.get(partition, 0), self._log.end_offset(topics.BATCHES.name, partition)
-            while offset < end and (records := self._log.read(topics.BATCHES.name, partition, offset,
-                                                               max_records=2000)):
-                for record in records:
-                    try:
-                        self.book.apply(decode(record.value))
-                    except EventDecodeError:
-                        pass  # the dispatcher counts and logs unreadable records
-                offset = records[-1].offset + 1
-            self._next[partition] = offset
+            for record in self._log.read_partition(topics.BATCHES.name, partition, self._next.get(partition, 0)):
+                try:
+                    self.book.apply(decode(record.value))
+                except EventDecodeError:
+                    pass  # the dispatcher counts and logs unreadable records
+                self._next[partition] = record.offset + 1
             return self.book
 
     def batch(self, tenant_id: str, batch_id: str) -> BatchState | None:

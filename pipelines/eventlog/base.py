@@ -14,7 +14,7 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 
 class EventLogError(RuntimeError):
@@ -148,6 +148,22 @@ class Tail:
         """The followed partitions' ends now: `poll` until `offsets` reach them to be caught up."""
         return {p: self._log.end_offset(self._topic, p) for p in self.offsets}
 
+    def read_to(self, ends: Mapping[int, int] | None = None, *, timeout_s: float, max_records: int = 1000
+                ) -> Iterator[Record]:
+        """Polls until `offsets` reach `ends` (default: `end_offsets()` as of this call),
+        yielding every record polled, in order; a poll may also return records past an end,
+        and the tail has moved past them. Raises TimeoutError if the ends are not reached
+        within `timeout_s`: a record known to be there did not come."""
+        ends = self.end_offsets() if ends is None else dict(ends)
+        return self._read_to(ends, time.monotonic() + timeout_s, max_records)
+
+    def _read_to(self, ends: dict[int, int], deadline: float, max_records: int) -> Iterator[Record]:
+        while any(self.offsets[p] < end for p, end in ends.items()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"caught up only to {self.offsets} of {ends}")
+            yield from self.poll(max_records=max_records, timeout_s=min(0.1, left))
+
     def low_offsets(self) -> dict[int, int]:
         """The first offset each followed partition still holds (0 where the log cannot say)."""
         low = getattr(self._log, "low_offset", None)
@@ -206,6 +222,36 @@ class EventLog(ABC):
     @abstractmethod
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         ...
+
+    def read_partition(self, topic: str, partition: int, from_offset: int = 0, *, page: int = 2000
+                       ) -> Iterator[Record]:
+        """Every record of the partition from `from_offset` up to its end as of this call, in
+        order; records appended after the call are not read. `page`: records per `read`.
+
+        Records `read` never returns (on Kafka, aborted or still-open transactions and the
+        commit markers) are skipped as `read` skips them."""
+        return self._read_range(topic, partition, from_offset, self.end_offset(topic, partition), page)
+
+    def read_topic(self, topic: str, from_offsets: Mapping[int, int] | None = None, *, page: int = 2000
+                   ) -> Iterator[Record]:
+        """`read_partition` over several partitions, one after the other in partition order,
+        every end fixed as of this call. `from_offsets` ({partition: offset}) names the
+        partitions to read and where each starts; None reads every partition from its start."""
+        if from_offsets is None:
+            from_offsets = {p: 0 for p in range(self.partitions(topic))}
+        ranges = [(p, from_offsets[p], self.end_offset(topic, p)) for p in sorted(from_offsets)]
+        return (record for p, start, end in ranges for record in self._read_range(topic, p, start, end, page))
+
+    def _read_range(self, topic: str, partition: int, offset: int, end: int, page: int) -> Iterator[Record]:
+        while offset < end:
+            batch = self.read(topic, partition, offset, max_records=page)
+            if not batch:
+                return  # below `end` nothing readable is left (aborted records, transaction markers)
+            for record in batch:
+                if record.offset >= end:
+                    return
+                yield record
+            offset = batch[-1].offset + 1
 
     def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
         """Follows `offsets` ({partition: next offset}) of `topic`; every caller sees every record."""

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from pipelines.eventlog.base import EventLog, GroupConsumer, Message, Record, Tail, TopicSpec
+from pipelines.eventlog.base import EventLog, GroupConsumer, Message, Record, Tail, TopicSpec, UnknownTopic
 from pipelines.eventlog.embedded_groups import EmbeddedGroupConsumer, GroupOptions
 from pipelines.eventlog.embedded_store import (
     check_partition, connect, create_schema, insert_records, now_ms, partition_count, select_records, write_txn,
@@ -91,8 +91,11 @@ class EmbeddedEventLog(EventLog):
     def _partition_end(self, topic: str, partition: int, column: str) -> int:
         with self._lock:
             check_partition(self._conn, topic, partition)
-            return self._conn.execute(f"SELECT {column} FROM partition_ends WHERE topic = ? AND partition = ?",
-                                      (topic, partition)).fetchone()[0]
+            row = self._conn.execute(f"SELECT {column} FROM partition_ends WHERE topic = ? AND partition = ?",
+                                     (topic, partition)).fetchone()
+        if row is None:  # the topic was dropped from the file after this connection counted its partitions
+            raise UnknownTopic(f"topic {topic!r} does not exist")
+        return row[0]
 
     def enforce_retention(self, *, now: int | None = None) -> int:
         """Deletes records older than their topic's retention at `now` (epoch ms); returns how many went.

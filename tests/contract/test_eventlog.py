@@ -64,13 +64,7 @@ class EventLogContract:
         return name
 
     def read_all(self, log: EventLog, topic: str) -> list[Record]:
-        records = []
-        for partition in range(log.partitions(topic)):
-            offset = 0
-            while batch := log.read(topic, partition, offset):
-                records += batch
-                offset = batch[-1].offset + 1
-        return records
+        return list(log.read_topic(topic))
 
     def poll_until(self, consumer: GroupConsumer, count: int, what: str) -> list[Record]:
         got: list[Record] = []
@@ -168,6 +162,52 @@ class EventLogContract:
             got = log.read(topic, record.partition, record.offset, max_records=1, timeout_s=20)
             assert values(got) == [b"%d" % n] and got[0].offset == record.offset
             assert time.monotonic() - started < 5
+
+    def test_read_partition_reads_from_a_position_to_the_end_as_of_the_call(self):
+        log, writer = self.opened(), self.opened()
+        topic = self.topic(log, 2)
+        stored = writer.append(topic, [Message(f"k{i}", b"%d" % i, partition=1) for i in range(7)])
+        (other,) = writer.append(topic, [Message("other", b"elsewhere", partition=0)])
+        paged = log.read_partition(topic, 1, from_offset=2, page=3)  # pages that end inside the range
+        whole = log.read_partition(topic, 1)
+        started = log.read_partition(topic, 1, from_offset=1, page=2)
+        assert next(started) == stored[1]
+        late = writer.append(topic, [Message("late", b"after the call", partition=1)])
+        assert list(paged) == stored[2:], "the end is the one as of the call, not of the iteration"
+        assert list(whole) == stored
+        assert list(started) == stored[2:]
+        assert list(log.read_partition(topic, 1, from_offset=5, page=1)) == stored[5:] + late
+        assert list(log.read_partition(topic, 1, from_offset=late[0].offset + 1)) == []
+        assert list(log.read_partition(topic, 0)) == [other]
+
+    def test_read_topic_reads_every_named_partition_to_its_end_in_partition_order(self):
+        log, writer = self.opened(), self.opened()
+        topic = self.topic(log, 3)
+        placed = enumerate((2, 0, 2, 1, 2, 0))
+        stored = writer.append(topic, [Message(f"k{i}", b"%d" % i, partition=p) for i, p in placed])
+        reading = log.read_topic(topic, page=2)
+        late = writer.append(topic, [Message("late", b"after the call", partition=p) for p in range(3)])
+        in_order = sorted(stored, key=lambda r: (r.partition, r.offset))
+        assert list(reading) == in_order
+        of = {p: [r for r in in_order + late if r.partition == p] for p in range(3)}
+        assert list(log.read_topic(topic, {2: 1, 0: 0})) == of[0] + of[2][1:], "only the named partitions, from there"
+        assert list(log.read_topic(topic, {1: 0, 0: 2, 2: 0}, page=1)) == of[0][2:] + of[1] + of[2]
+        assert list(log.read_topic(self.topic(log, 2))) == []
+
+    def test_reads_to_the_end_skip_uncommitted_output_and_stop_after_transaction_markers(self):
+        log = self.opened()
+        inputs, outputs, group = self.topic(log, 1), self.topic(log, 1), self.fresh("group")
+        log.append(inputs, [Message("k", b"%d" % i) for i in range(2)])
+        crashed = log.consumer(group, [inputs], member_id="worker-1")
+        self.crash_after_producing(crashed, derive(outputs, self.poll_until(crashed, 2, "the inputs")))
+        restarted = log.consumer(group, [inputs], member_id="worker-1")  # aborts the crashed unit on Kafka
+        restarted.commit_with(derive(outputs, self.poll_until(restarted, 2, "redelivery after the crash")))
+        committed = [b"out:0", b"out:1"]
+        assert [r.value for r in log.read_partition(outputs, 0, page=1)] == committed
+        (plain,) = log.append(outputs, [Message("k", b"plain")])
+        assert [r.value for r in log.read_partition(outputs, 0)] == committed + [b"plain"]
+        assert [r.value for r in log.read_topic(outputs, {0: 0}, page=1)] == committed + [b"plain"]
+        assert list(log.read_partition(outputs, 0, from_offset=plain.offset + 1)) == []
 
     def test_committed_positions_survive_reopening_the_log(self):
         log = self.opened()

@@ -92,6 +92,27 @@ class TailContract:
             log.close()
 
 
+    def test_read_to_reads_until_the_ends_and_gives_up_at_its_timeout(self, make_tail):
+        topic = f"tail-{uuid.uuid4().hex[:10]}"
+        writer, reader = self.open_log(), self.open_log()
+        try:
+            writer.ensure_topics([TopicSpec(topic, 3)])
+            writer.append(topic, [Message("k", f"{p}-{i}".encode(), partition=p) for i in range(4) for p in range(3)])
+            tail = make_tail(reader, topic, {0: 1, 1: 0})
+            got = list(tail.read_to(timeout_s=30, max_records=2))
+            assert tail.offsets == {0: 4, 1: 4}
+            assert list(tail.read_to(timeout_s=5)) == [], "caught up: nothing more to read"
+            (late,) = writer.append(topic, [Message("k", b"late", partition=1)])
+            assert [r.value for r in tail.read_to({1: late.offset + 1}, timeout_s=30)] == [b"late"]
+            with pytest.raises(TimeoutError):
+                list(tail.read_to({1: late.offset + 2}, timeout_s=0.5))  # a record that never comes
+            tail.close()
+        finally:
+            writer.close()
+            reader.close()
+        by_partition = {p: [r.value.decode() for r in got if r.partition == p] for p in (0, 1, 2)}
+        assert by_partition == {0: ["0-1", "0-2", "0-3"], 1: [f"1-{i}" for i in range(4)], 2: []}
+
     def test_an_adapters_tail_catches_up_past_transactional_writes(self):
         source, topic = f"src-{uuid.uuid4().hex[:10]}", f"tail-{uuid.uuid4().hex[:10]}"
         log = self.open_log()
@@ -106,9 +127,7 @@ class TailContract:
             consumer.close()
             tail = log.tail(topic, {0: 0})
             assert [r.value for r in drain(tail, 1)] == [b"out"]
-            deadline = time.monotonic() + 10
-            while tail.offsets[0] < tail.end_offsets()[0] and time.monotonic() < deadline:
-                tail.poll(timeout_s=0.2)
+            assert list(tail.read_to(timeout_s=10)) == []
             assert tail.offsets[0] == tail.end_offsets()[0]
             tail.close()
         finally:

@@ -24,13 +24,7 @@ FITS = 100
 
 def tenant_ledger(log, tenant_id: str) -> list:
     """The tenant's ledger events in log order (one tenant lives in one partition)."""
-    events = []
-    for partition in range(log.partitions(topics.LEDGER.name)):
-        offset = 0
-        while batch := log.read(topics.LEDGER.name, partition, offset, max_records=2000):
-            events += [env for env in map(lambda r: decode(r.value), batch) if env.tenant_id == tenant_id]
-            offset = batch[-1].offset + 1
-    return events
+    return [env for env in (decode(r.value) for r in log.read_topic(topics.LEDGER.name)) if env.tenant_id == tenant_id]
 
 
 async def _send_all(urls: list[str], secret: str, count: int) -> list[httpx.Response]:

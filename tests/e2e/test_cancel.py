@@ -51,11 +51,8 @@ def short_grace(platform, monkeypatch):
 
 
 def tenant_events(log, topic, tenant_id: str) -> list:
-    partition, out, offset = partition_for(tenant_id, log.partitions(topic.name)), [], 0
-    while batch := log.read(topic.name, partition, offset, max_records=1000):
-        out += [env for env in (decode(r.value) for r in batch) if env.tenant_id == tenant_id]
-        offset = batch[-1].offset + 1
-    return out
+    records = log.read_partition(topic.name, partition_for(tenant_id, log.partitions(topic.name)))
+    return [env for env in (decode(r.value) for r in records) if env.tenant_id == tenant_id]
 
 
 def events_of(log, tenant_id: str, request_id: str, topic, event_type: str) -> list:

@@ -25,12 +25,7 @@ def sse_frames(response):
 
 
 def request_events(log, request_id: str, topic) -> list:
-    found = []
-    for partition in range(log.partitions(topic.name)):
-        offset = 0
-        while batch := log.read(topic.name, partition, offset, max_records=1000):
-            found += [(r, decode(r.value)) for r in batch]
-            offset = batch[-1].offset + 1
+    found = [(r, decode(r.value)) for r in log.read_topic(topic.name)]
     return [(r, env) for r, env in found if env.correlation_id == request_id]
 
 

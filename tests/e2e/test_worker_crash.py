@@ -31,13 +31,7 @@ class SeverableLog:
 
 
 def events_of(log, topic, request_id: str) -> list:
-    found = []
-    for partition in range(log.partitions(topic.name)):
-        offset = 0
-        while batch := log.read(topic.name, partition, offset, max_records=2000):
-            found += [env for env in (decode(r.value) for r in batch) if env.correlation_id == request_id]
-            offset = batch[-1].offset + 1
-    return found
+    return [env for env in (decode(r.value) for r in log.read_topic(topic.name)) if env.correlation_id == request_id]
 
 
 def sse(response):

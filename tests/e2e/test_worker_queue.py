@@ -87,13 +87,8 @@ def test_a_dedicated_pool_worker_takes_only_its_own_pool(opened):
 
 
 def stream_events(log, request_id: str) -> list:
-    found = []
-    for partition in range(log.partitions(topics.STREAM.name)):
-        for record in log.read(topics.STREAM.name, partition, 0, max_records=1000):
-            env = decode(record.value)
-            if env.correlation_id == request_id:
-                found.append(env)
-    return found
+    return [env for env in (decode(r.value) for r in log.read_topic(topics.STREAM.name))
+            if env.correlation_id == request_id]
 
 
 def fail_first_take(worker, engine, request_id: str) -> dict:
@@ -169,8 +164,7 @@ def test_reading_back_its_own_take_costs_the_worker_no_unit_of_its_own(opened, m
     monkeypatch.setattr(consumer, "commit_with", counting)
 
     def start_copy(request_id: str):
-        found = [r for p in range(log.partitions(topics.WORK_NORMAL.name))
-                 for r in log.read(topics.WORK_NORMAL.name, p, 0, max_records=1000)
+        found = [r for r in log.read_topic(topics.WORK_NORMAL.name)
                  if (env := decode(r.value)).event_type == "GenerationStarted" and env.correlation_id == request_id]
         return found[0] if found else None
 

@@ -180,9 +180,10 @@ class BatchPlatform:
 
         def read() -> list[tuple[int, object]]:
             nonlocal offset
-            while records := self.admin_log.read(topics.BATCHES.name, partition, offset, max_records=2000):
-                seen.extend((r.offset, env) for r in records if (env := decode(r.value)).tenant_id == tenant_id)
-                offset = records[-1].offset + 1
+            for record in self.admin_log.read_partition(topics.BATCHES.name, partition, offset):
+                if (env := decode(record.value)).tenant_id == tenant_id:
+                    seen.append((record.offset, env))
+                offset = record.offset + 1
             return list(seen)
         return read
 

@@ -112,12 +112,9 @@ def rig(tmp_path, tiny_model_dir):
             raise AssertionError(f"batch {batch_id} did not get there: {batch}")
 
         def events(self, batch_id):
-            out, offset = [], 0
             partition = next(p for p in range(8) if log.read("ledgerlm.batches", p, 0))
-            while records := log.read("ledgerlm.batches", partition, offset, max_records=1000):
-                out += [e for r in records if getattr((e := decode(r.value)).payload, "batch_id", None) == batch_id]
-                offset = records[-1].offset + 1
-            return out
+            return [e for r in log.read_partition("ledgerlm.batches", partition)
+                    if getattr((e := decode(r.value)).payload, "batch_id", None) == batch_id]
 
         def lines_of(self, file_id):
             state = self.batches.file(TENANT, file_id)

@@ -74,13 +74,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _events(log, topic, tenant_id: str, since: datetime):
-    for partition in range(log.partitions(topic.name)):
-        offset = 0
-        while batch := log.read(topic.name, partition, offset, max_records=5000):
-            for env in (decode(r.value) for r in batch):
-                if env.tenant_id == tenant_id and env.occurred_at >= since:
-                    yield env
-            offset = batch[-1].offset + 1
+    for env in (decode(r.value) for r in log.read_topic(topic.name, page=5000)):
+        if env.tenant_id == tenant_id and env.occurred_at >= since:
+            yield env
 
 
 def b_breakdown(log, tenant_id: str, since: datetime) -> dict:

@@ -237,15 +237,11 @@ def first_stamps(log, tenant_id: str, topic_list) -> dict[str, dict[str, int]]:
     for topic in topic_list:
         count = log.partitions(topic.name)
         partitions = [partition_for(tenant_id, count)] if topic.keyed_by == "tenant" else range(count)
-        for partition in partitions:
-            offset = 0
-            while batch := log.read(topic.name, partition, offset, max_records=5000):
-                for record in batch:
-                    env = decode(record.value)
-                    if env.tenant_id == tenant_id:
-                        name = f"{topic.name.rsplit('.', 1)[-1]}:{env.event_type}"
-                        found.setdefault(env.correlation_id, {}).setdefault(name, record.timestamp_ms)
-                offset = batch[-1].offset + 1
+        for record in log.read_topic(topic.name, {p: 0 for p in partitions}, page=5000):
+            env = decode(record.value)
+            if env.tenant_id == tenant_id:
+                name = f"{topic.name.rsplit('.', 1)[-1]}:{env.event_type}"
+                found.setdefault(env.correlation_id, {}).setdefault(name, record.timestamp_ms)
     return found
 
 
