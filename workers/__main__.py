@@ -107,7 +107,7 @@ def resolve_worker_revision(settings: Settings, *, revision: str | None = None, 
     if revision is None and alias is None:
         path = model_dir(settings).resolve()
         config_hash = platform.engine(model=path).engine_config_hash()  # the port's hash: no engine starts
-    serving = revision_to_serve(registry, settings, revision=revision, alias=alias, model_path=path,
+    serving = revision_to_serve(registry, revision=revision, alias=alias, model_path=path,
                                 config_hash=config_hash)
     settings = engine_settings(settings, serving)
     check_engine(Bootstrap(settings).engine(), serving)  # before minutes of engine start

@@ -16,7 +16,7 @@ class UnknownRevision(LookupError):
     """The revision or alias a worker was started for is not approved."""
 
 
-def revision_to_serve(registry: Registry, settings: Settings, *, revision: str | None = None,
+def revision_to_serve(registry: Registry, *, revision: str | None = None,
                       alias: str | None = None, model_path: Path | None = None,
                       config_hash: str | None = None) -> Revision:
     """The approved revision to serve. With neither `revision` nor `alias`: the revision
