@@ -49,19 +49,34 @@ async def _keep_tokenizers_warm(services: Services) -> None:
         await asyncio.sleep(WARM_EVERY_S)
 
 
+FLEET_EVERY_S = 0.5  # how often the API reads the fleet topic: a worker that leaves is seen within this
+
+
+async def _follow_fleet(services: Services) -> None:
+    """Keeps the fleet view current, so a request asks it without reading the log."""
+    while True:
+        try:
+            await asyncio.to_thread(services.fleet.refresh)
+        except Exception:  # noqa: BLE001 - a request that finds no worker reads the topic itself
+            logger.exception("reading the fleet topic failed; trying again")
+        await asyncio.sleep(FLEET_EVERY_S)
+
+
 def create_app(services: Services) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         services.hub.start()
         warming = asyncio.get_running_loop().run_in_executor(None, services.index.warm)
         tokenizers = asyncio.create_task(_keep_tokenizers_warm(services))
+        fleet = asyncio.create_task(_follow_fleet(services))
         try:
             yield
         finally:
             tokenizers.cancel()
+            fleet.cancel()
             await services.reaper.aclose()
             services.hub.stop()
-            await asyncio.gather(warming, tokenizers, return_exceptions=True)
+            await asyncio.gather(warming, tokenizers, fleet, return_exceptions=True)
             services.close_readers()
 
     app = FastAPI(title="ledgerlm", lifespan=lifespan)
