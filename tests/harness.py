@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,6 +27,7 @@ from pipelines.bootstrap import topic_specs
 from pipelines.eventlog import EventLog, open_event_log
 from pipelines.eventlog.namespaced import NamespacedEventLog
 from pipelines.tokencount import TokenCounter
+from tests.helpers import wait_until
 from workers.engine_runner import EngineRunner
 from workers.interactive import InteractiveWorker
 
@@ -66,18 +66,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""):
-    """Polls `predicate` until it returns something truthy, or fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
-        time.sleep(interval_s)
 
 
 @dataclass

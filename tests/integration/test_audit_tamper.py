@@ -18,8 +18,11 @@ import sqlalchemy as sa
 from models import topics
 from pipelines.audit.verify import verify
 from pipelines.projections.sql import open_projection_db
-from tests.integration.conftest_ledger import EVERY, SIGNER, ledger_dbs, project  # noqa: F401 (fixture)
+from tests.integration.conftest_ledger import EVERY, SIGNER, project
 from tests.ledger_workload import Workload, append_all
+
+pytest_plugins = ["tests.integration.conftest_ledger"]  # the ledger_dbs, ledger_log, embedded_ledger_log fixtures
+
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = topics.LEDGER.name
