@@ -9,7 +9,7 @@ import pytest
 
 from models.settings import Settings
 
-pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup"]
+pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup", "tests.integration.conftest_ledger"]
 
 SERVICE_VARS = {
     "kafka": "LEDGERLM_TEST_KAFKA",

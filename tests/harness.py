@@ -68,6 +68,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def api_services(settings: Settings, log: EventLog) -> Services:
+    """What one API process holds, on its own log handle `log`."""
+    return Services(settings=settings, log=log, registry_view=RegistryView(log), counter=TokenCounter(),
+                    hub=StreamHub(log, idle_wait_s=0.02))
+
+
+def serve_api(app, name: str, **config) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """`app` served by uvicorn on a free loopback port, in a thread named `name`; returns
+    (server, thread, port) once it serves. Stop it with `server.should_exit = True`."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), 30, what=f"the API server {name} to start")
+    assert server.started, f"the API server {name} stopped before it served"
+    return server, thread, port
+
+
 @dataclass
 class Loop:
     """A component's `run_once` called in a thread until stopped."""
@@ -153,29 +171,14 @@ class Platform:
         return loop
 
     def _start_api(self) -> None:
-        api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
-                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
-        self.app = create_app(services)
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
-        self._server_thread = threading.Thread(target=self.server.run, name="api", daemon=True)
-        self._server_thread.start()
-        wait_until(lambda: self.server.started, 30, what="the API server to start")
+        self.app = create_app(api_services(self.settings, self._log()))
+        self.server, self._server_thread, self.port = serve_api(self.app, "api", lifespan="on")
 
     def start_api(self) -> str:
         """Another API process over the same platform (its own log handle, stream hub and
         port, as a second replica would have); returns its base URL."""
-        api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
-                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="on"))
-        thread = threading.Thread(target=server.run, name=f"api-{port}", daemon=True)
-        thread.start()
-        wait_until(lambda: server.started, 30, what="the second API server to start")
+        server, thread, port = serve_api(create_app(api_services(self.settings, self._log())), "api-2",
+                                         lifespan="on")
         self.extra_apis.append((server, thread))
         return f"http://127.0.0.1:{port}"
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,11 +22,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import uvicorn
 
 from api.app import create_app
-from api.deps import Services
-from api.stream_hub import StreamHub
 from models import topics
 from models.events import decode, new_event
 from models.events_admin import TenantLimitsChanged
@@ -41,9 +37,8 @@ from pipelines.bootstrap import topic_specs
 from pipelines.eventlog import open_event_log, partition_for
 from pipelines.eventlog.namespaced import NamespacedEventLog
 from pipelines.objectstore import store_from_settings
-from pipelines.tokencount import TokenCounter
 from tests.conftest import service_url
-from tests.harness import MODEL_ALIAS, Loop, free_port
+from tests.harness import MODEL_ALIAS, Loop, api_services, serve_api
 from tests.helpers import Launched, wait_until
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
@@ -110,15 +105,8 @@ class BatchPlatform:
                                     stop_grace_s=30, chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
         self.loop = Loop("batch-dispatcher", lambda: self.dispatcher.run_once(0.05),
                          lambda: (self.dispatcher.close(), queue.close())).start()
-        api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
-                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self._server_thread = threading.Thread(target=self.server.run, name="batch-api", daemon=True)
-        self._server_thread.start()
-        wait_until(lambda: self.server.started, 30, what="the API server to start")
+        self.server, self._server_thread, self.port = serve_api(
+            create_app(api_services(self.settings, self._log())), "batch-api")
         return self
 
     def _log(self):

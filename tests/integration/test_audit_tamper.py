@@ -21,9 +21,6 @@ from pipelines.projections.sql import open_projection_db
 from tests.integration.conftest_ledger import EVERY, SIGNER, project
 from tests.ledger_workload import Workload, append_all
 
-pytest_plugins = ["tests.integration.conftest_ledger"]  # the ledger_dbs, ledger_log, embedded_ledger_log fixtures
-
-
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = topics.LEDGER.name
 K = 13  # the record tampered with: inside a partition, between two signed checkpoints

@@ -26,9 +26,6 @@ from pipelines.tokencount import TokenCounter
 from tests.integration.conftest_ledger import project
 from tests.ledger_workload import BASE, Workload, append_all
 
-pytest_plugins = ["tests.integration.conftest_ledger"]  # the ledger_dbs, ledger_log, embedded_ledger_log fixtures
-
-
 SECRET_TEXT = "TOP-SECRET-PROMPT-TEXT"
 
 

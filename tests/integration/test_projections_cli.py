@@ -18,8 +18,6 @@ from pipelines.projections.sql import open_projection_db
 from tests.helpers import ROOT, Launched
 from tests.ledger_workload import Workload, append_all
 
-pytest_plugins = ["tests.integration.conftest_ledger"]  # the ledger_dbs, ledger_log, embedded_ledger_log fixtures
-
 
 @pytest.fixture
 def setup(ledger_dbs, tmp_path):

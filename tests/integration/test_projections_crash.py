@@ -20,8 +20,6 @@ from tests.integration.conftest_ledger import EVERY, SIGNER, project, runner_for
 from tests.helpers import ROOT, Launched
 from tests.ledger_workload import Workload, append_all
 
-pytest_plugins = ["tests.integration.conftest_ledger"]  # the ledger_dbs, ledger_log, embedded_ledger_log fixtures
-
 
 def positions(engine) -> dict:
     with engine.connect() as conn:

@@ -15,8 +15,6 @@ from pipelines.projections.sql import open_projection_db
 from tests.integration.conftest_ledger import EVERY, SIGNER, project, runner_for
 from tests.ledger_workload import Workload, append_all
 
-pytest_plugins = ["tests.integration.conftest_ledger"]  # the ledger_dbs, ledger_log, embedded_ledger_log fixtures
-
 
 def digests(items) -> dict[str, tuple[int, str]]:
     return {d.table: (d.rows, d.sha256) for d in items}
