@@ -16,8 +16,8 @@ from pipelines.audit.replay import replay
 from pipelines.projections import all_projections
 from pipelines.projections.base import Projection
 from pipelines.projections.sql import open_projection_db
-from tests.integration.conftest_ledger import EVERY, SIGNER, project, runner_for
 from tests.helpers import ROOT, Launched
+from tests.integration.conftest_ledger import EVERY, SIGNER, project, runner_for
 from tests.ledger_workload import Workload, append_all
 
 
