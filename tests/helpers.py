@@ -32,6 +32,11 @@ def wait_until(condition: Callable[[], T], timeout_s: float = 30.0, *, what: str
         time.sleep(every_s)
 
 
+def _short(arg) -> str:
+    words = " ".join(str(arg).split())  # a script given with -c reads as its first words
+    return words if len(words) <= 40 else words[:37] + "..."
+
+
 class Launched:
     """A process started for a test, leading a session of its own, its stdout and stderr in
     `log` (a temporary file when none is given). With `ready`, waits up to `ready_s` for a
@@ -41,7 +46,7 @@ class Launched:
 
     def __init__(self, argv: list[str], *, log: Path | None = None, env: dict[str, str] | None = None,
                  cwd: Path = ROOT, ready: str | None = None, ready_s: float = 120.0, stop_s: float = 30.0):
-        self.name = " ".join(str(a) for a in argv[1:4])
+        self.name = " ".join(_short(a) for a in argv[1:4])
         self._own_log = log is None
         if log is None:
             fd, path = tempfile.mkstemp(prefix="ledgerlm-test-", suffix=".log")

@@ -74,7 +74,8 @@ def test_a_failed_batch_leaves_nothing_and_the_retry_counts_once(ledger_log, led
 
 STALLING_PROJECTOR = textwrap.dedent("""
     import sys, threading
-        from pipelines.projections import all_projections
+    from pathlib import Path
+    from pipelines.projections import all_projections
     from tests.integration.conftest_ledger import EVERY, SIGNER, open_spec, runner_for
 
     log_spec, db_url, marker, stall_on = sys.argv[1:5]
