@@ -1,7 +1,9 @@
 """A whole platform in one test process: admission processor, an interactive worker on
 the shared engine, and the HTTP API served by uvicorn on a loopback port.
 
-Each component gets its own `EventLog` instance, as separate processes would.
+Each component gets its own `EventLog` instance, as separate processes would. Waiting on
+a condition and launching a process of the platform are `tests.helpers` (`wait_until`,
+`Launched`), which this module builds on.
 """
 from __future__ import annotations
 
@@ -177,7 +179,7 @@ class Platform:
     def start_api(self) -> str:
         """Another API process over the same platform (its own log handle, stream hub and
         port, as a second replica would have); returns its base URL."""
-        server, thread, port = serve_api(create_app(api_services(self.settings, self._log())), "api-2",
+        server, thread, port = serve_api(create_app(api_services(self.settings, self._log())), "api-replica",
                                          lifespan="on")
         self.extra_apis.append((server, thread))
         return f"http://127.0.0.1:{port}"
