@@ -3,14 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test install services-up services-down services-status unit bench
+.PHONY: demo test lint install services-up services-down services-status unit bench
 
 demo: install
 	$(PY) -m api.cli demo
 
-test: install services-up
+test: install lint services-up
 	@set -a && . .local/services.env && set +a && \
 	  $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# The linter's rules are in pyproject.toml ([tool.ruff]); a finding fails `make test`.
+lint: install
+	$(PY) -m ruff check .
 
 install:
 	bash infra/install_python.sh

@@ -12,7 +12,7 @@ import pytest
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
 
-pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup"]
+pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup", "tests.integration.conftest_ledger"]
 
 SERVICE_VARS = {
     "kafka": "LEDGERLM_TEST_KAFKA",

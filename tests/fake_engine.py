@@ -9,7 +9,7 @@ from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationQueued, GenerationRequested, Position, PromptSubmitted
 from pipelines.routing import publish
-from tests.harness import wait_until
+from tests.helpers import wait_until
 from workers.engine import EngineDelta, InferenceEngine
 
 
@@ -77,4 +77,4 @@ def run_until(worker, condition, what: str, timeout_s: float = 90):
         worker.run_once(0.05)
         return condition()
 
-    return wait_until(step, timeout_s, interval_s=0, what=what)
+    return wait_until(step, timeout_s, every_s=0, what=what)

@@ -1,13 +1,14 @@
 """A whole platform in one test process: admission processor, an interactive worker on
 the shared engine, and the HTTP API served by uvicorn on a loopback port.
 
-Each component gets its own `EventLog` instance, as separate processes would.
+Each component gets its own `EventLog` instance, as separate processes would. Waiting on
+a condition and launching a process of the platform are `tests.helpers` (`wait_until`,
+`Launched`), which this module builds on.
 """
 from __future__ import annotations
 
 import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,6 +29,7 @@ from pipelines.bootstrap import topic_specs
 from pipelines.eventlog import EventLog, open_event_log
 from pipelines.eventlog.namespaced import NamespacedEventLog
 from pipelines.tokencount import TokenCounter
+from tests.helpers import wait_until
 from workers.engine_runner import EngineRunner
 from workers.interactive import InteractiveWorker
 
@@ -68,16 +70,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""):
-    """Polls `predicate` until it returns something truthy, or fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
-        time.sleep(interval_s)
+def api_services(settings: Settings, log: EventLog) -> Services:
+    """What one API process holds, on its own log handle `log`."""
+    return Services(settings=settings, log=log, registry_view=RegistryView(log), counter=TokenCounter(),
+                    hub=StreamHub(log, idle_wait_s=0.02))
+
+
+def serve_api(app, name: str, **config) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """`app` served by uvicorn on a free loopback port, in a thread named `name`; returns
+    (server, thread, port) once it serves. Stop it with `server.should_exit = True`."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), 30, what=f"the API server {name} to start")
+    assert server.started, f"the API server {name} stopped before it served"
+    return server, thread, port
 
 
 @dataclass
@@ -165,29 +173,14 @@ class Platform:
         return loop
 
     def _start_api(self) -> None:
-        api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
-                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
-        self.app = create_app(services)
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
-        self._server_thread = threading.Thread(target=self.server.run, name="api", daemon=True)
-        self._server_thread.start()
-        wait_until(lambda: self.server.started, 30, what="the API server to start")
+        self.app = create_app(api_services(self.settings, self._log()))
+        self.server, self._server_thread, self.port = serve_api(self.app, "api", lifespan="on")
 
     def start_api(self) -> str:
         """Another API process over the same platform (its own log handle, stream hub and
         port, as a second replica would have); returns its base URL."""
-        api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=RegistryView(api_log),
-                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="on"))
-        thread = threading.Thread(target=server.run, name=f"api-{port}", daemon=True)
-        thread.start()
-        wait_until(lambda: server.started, 30, what="the second API server to start")
+        server, thread, port = serve_api(create_app(api_services(self.settings, self._log())), "api-replica",
+                                         lifespan="on")
         self.extra_apis.append((server, thread))
         return f"http://127.0.0.1:{port}"
 

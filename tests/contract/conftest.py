@@ -1,4 +1,4 @@
-"""Shared helpers for the contract suites: fresh names, condition waits, the test broker.
+"""Shared helpers for the contract suites: fresh names, condition waits (`tests.helpers`), the test broker.
 
 They are handed out as fixtures (returning the function) rather than imported, so no
 test module depends on which `conftest` happens to be importable.
@@ -6,30 +6,17 @@ test module depends on which `conftest` happens to be importable.
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from typing import Callable, TypeVar
+from typing import Callable
 
 import pytest
 
-T = TypeVar("T")
+from tests.helpers import wait_until
 
 
 def fresh(prefix: str) -> str:
     """A name no other test (or earlier run against the same broker) has used."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def wait_for(condition: Callable[[], T], *, timeout_s: float, what: str, every_s: float = 0.05) -> T:
-    """Re-checks `condition` until it is truthy; fails the test with `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(every_s)
 
 
 def kafka_test_servers() -> list[str]:
@@ -52,7 +39,8 @@ def _fresh() -> Callable[[str], str]:
 
 @pytest.fixture(name="wait_for")
 def _wait_for():
-    return wait_for
+    """`tests.helpers.wait_until`: `wait_for(condition, timeout_s=..., what=..., every_s=...)`."""
+    return wait_until
 
 
 @pytest.fixture(name="kafka_test_servers")

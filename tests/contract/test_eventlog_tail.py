@@ -12,14 +12,19 @@ from pipelines.eventlog import EventLog, Message, TopicSpec
 from pipelines.eventlog.base import Tail
 from pipelines.eventlog.embedded import EmbeddedEventLog
 from pipelines.eventlog.kafka import KafkaEventLog
+from tests.helpers import wait_until
 
 
 def drain(tail: Tail, want: int, timeout_s: float = 30.0, max_records: int = 500) -> list:
-    got, deadline = [], time.monotonic() + timeout_s
-    while len(got) < want and time.monotonic() < deadline:
+    """Polls until at least `want` records came, in polls of at most `max_records`."""
+    got: list = []
+
+    def enough() -> bool:
         batch = tail.poll(max_records=max_records, timeout_s=0.2)
         assert len(batch) <= max_records
-        got += batch
+        got.extend(batch)
+        return len(got) >= want
+    wait_until(enough, timeout_s, what=f"{want} records from the tail", every_s=0)
     return got
 
 
@@ -120,9 +125,7 @@ class TailContract:
             log.ensure_topics([TopicSpec(source, 1), TopicSpec(topic, 1)])
             log.append(source, [Message("k", b"in")])
             consumer = log.consumer(f"g-{uuid.uuid4().hex[:8]}", [source])
-            deadline = time.monotonic() + 60
-            while not consumer.poll(timeout_s=0.5):
-                assert time.monotonic() < deadline, "the group never delivered"
+            wait_until(lambda: consumer.poll(timeout_s=0.5), 60, what="the group to deliver", every_s=0)
             consumer.commit_with([(topic, Message("k", b"out"))])  # a transaction on Kafka: a marker follows
             consumer.close()
             tail = log.tail(topic, {0: 0})

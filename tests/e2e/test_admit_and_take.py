@@ -20,7 +20,7 @@ from pipelines.routing import publish
 from tests.conftest import make_log_opener
 from tests.e2e.test_streaming import request_events
 from tests.fake_engine import FakeEngine
-from tests.harness import wait_until
+from tests.helpers import wait_until
 from workers.engine_runner import EngineRunner
 from workers.interactive import InteractiveWorker
 
@@ -66,7 +66,7 @@ class Fused:
             self.admission.run_once(0.02)
             self.worker.run_once(0.02)
             return condition()
-        return wait_until(step, timeout_s, interval_s=0, what=what)
+        return wait_until(step, timeout_s, every_s=0, what=what)
 
     def events(self, topic, request_id: str) -> list:
         return [env for _, env in request_events(self.log, request_id, topic)]
@@ -166,7 +166,7 @@ def test_a_failed_admission_commit_abandons_the_started_generation_and_the_retry
         if not failures:
             failures.append(1)
             # The engine runs it while the commit is under way; then the commit fails.
-            wait_until(lambda: fused.engine.started == ["retry-1"], 30, interval_s=0.005,
+            wait_until(lambda: fused.engine.started == ["retry-1"], 30, every_s=0.005,
                        what="the engine to start on it during the commit")
             raise EventLogError("the log went away mid-commit")
         return real_commit(outputs, **kwargs)

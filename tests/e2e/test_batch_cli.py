@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,34 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import free_port, wait_until
+from tests.harness import free_port
+from tests.helpers import Launched, wait_until
 
 pytestmark = [pytest.mark.vllm]
 CLI = [sys.executable, "-m", "api.cli"]
-
-
-class Proc:
-    def __init__(self, argv: list[str], env: dict, log: Path):
-        self.log = log
-        self.proc = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, needle: str, timeout_s: float) -> None:
-        wait_until(lambda: needle in self.output() or self.proc.poll() is not None, timeout_s, interval_s=0.1,
-                   what=f"{needle!r} from {self.proc.args}")
-        assert self.proc.poll() is None, self.output()[-3000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
 
 
 @pytest.fixture
@@ -61,12 +37,9 @@ def embedded_platform(tmp_path, tiny_model_dir):
         for name, argv, ready in [("api", [*CLI, "serve", "api"], None),
                                   ("dispatcher", [*CLI, "serve", "batch-dispatcher"], '"batch_dispatcher": "ready"'),
                                   ("worker", [*CLI, "serve", "batch-worker"], "ready.")]:
-            proc = Proc(argv, env, tmp_path / f"{name}.log")
-            procs.append(proc)
-            if ready:
-                proc.wait_for(ready, 120)
+            procs.append(Launched(argv, env=env, log=tmp_path / f"{name}.log", ready=ready, ready_s=120))
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _healthy(url), 60, interval_s=0.2, what="the API")
+        wait_until(lambda: _healthy(url), 60, every_s=0.2, what="the API")
         yield {"env": env, "url": url, "key": json.loads(issued.stdout)["api_key"], "procs": procs}
     finally:
         for proc in reversed(procs):

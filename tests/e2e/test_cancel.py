@@ -25,7 +25,8 @@ from pipelines import admin
 from pipelines.eventlog import partition_for
 from tests.e2e.test_streaming import sse_frames
 from tests.engine_wrappers import HeldEngine
-from tests.harness import MODEL_ALIAS, wait_until
+from tests.harness import MODEL_ALIAS
+from tests.helpers import wait_until
 
 LONG = {"model_alias": MODEL_ALIAS, "input": "tell me a long story", "max_output_tokens": 480, "ignore_eos": True}
 
@@ -62,7 +63,7 @@ def events_of(log, tenant_id: str, request_id: str, topic, event_type: str) -> l
 
 def settlement(platform, tenant_id: str, request_id: str):
     [settled] = wait_until(lambda: events_of(platform.admin_log, tenant_id, request_id, topics.LEDGER,
-                                             "UsageSettled"), 30, interval_s=0.2, what="the settlement")
+                                             "UsageSettled"), 30, every_s=0.2, what="the settlement")
     return settled.payload
 
 
@@ -132,7 +133,7 @@ def disconnect_right_after_start(platform, tenant_id: str, secret: str) -> tuple
         # The connection is closed here, mid-stream. (Reading its stream again before the
         # cancel is asked for would count as the client coming back, and keep it running.)
         [cancel] = wait_until(lambda: events_of(platform.admin_log, tenant_id, request_id, topics.REQUESTS,
-                                                "CancelRequested"), 30, interval_s=0.2, what="the cancel")
+                                                "CancelRequested"), 30, every_s=0.2, what="the cancel")
         assert cancel.payload.reason == "client_gone"
         return request_id, final_event(client, request_id)
 
@@ -157,11 +158,11 @@ def test_non_streaming_client_that_gives_up_gets_its_generation_cancelled(platfo
     # Gone at once, with no response read: whether its work had started or was still queued,
     # the API asks for the cancel and the request ends cancelled.
     [requested] = wait_until(lambda: [e for e in tenant_events(platform.admin_log, topics.REQUESTS, tenant_id)
-                                      if e.event_type == "GenerationRequested"], 30, interval_s=0.2,
+                                      if e.event_type == "GenerationRequested"], 30, every_s=0.2,
                              what="the request")
     request_id = requested.payload.request_id
     [cancel] = wait_until(lambda: events_of(platform.admin_log, tenant_id, request_id, topics.REQUESTS,
-                                            "CancelRequested"), 30, interval_s=0.2, what="the cancel")
+                                            "CancelRequested"), 30, every_s=0.2, what="the cancel")
     assert cancel.payload.reason == "client_gone"
     with platform.client(secret) as client:
         final = final_event(client, request_id)

@@ -10,7 +10,8 @@ from openai import OpenAI
 from models import topics
 from tests.e2e.test_cancel import tenant_events
 from tests.e2e.test_streaming import sse_frames
-from tests.harness import MODEL_ALIAS, wait_until
+from tests.harness import MODEL_ALIAS
+from tests.helpers import wait_until
 from tests.conftest import platform_both_ways
 
 platform = platform_both_ways()  # each test also runs with admission in the worker

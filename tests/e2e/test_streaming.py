@@ -6,7 +6,8 @@ import json
 
 from models import topics
 from models.events import decode
-from tests.harness import MODEL_ALIAS, wait_until
+from tests.harness import MODEL_ALIAS
+from tests.helpers import wait_until
 from tests.conftest import platform_both_ways
 
 platform = platform_both_ways()  # each test also runs with admission in the worker

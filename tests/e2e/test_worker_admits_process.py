@@ -15,7 +15,8 @@ import pytest
 from models import topics
 from models.settings import format_cpu_list
 from tests.e2e.test_streaming import request_events, sse_frames
-from tests.harness import MODEL_ALIAS, wait_until
+from tests.harness import MODEL_ALIAS
+from tests.helpers import wait_until
 from tests.perf.deployed import deployed
 from workers.vllm_engine import bound_cpus
 

@@ -8,6 +8,8 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationCompleted, Timings
@@ -15,7 +17,8 @@ from pipelines import admin
 from pipelines.eventlog import EventLog, EventLogError
 from pipelines.routing import publish
 from tests.engine_wrappers import PacedEngine
-from tests.harness import MODEL_ALIAS, wait_until
+from tests.harness import MODEL_ALIAS
+from tests.helpers import wait_until
 
 
 class SeverableLog:
@@ -40,6 +43,7 @@ def sse(response):
             yield json.loads(line[6:])
 
 
+@pytest.mark.timing
 def test_a_worker_killed_mid_stream_ends_the_request_and_settles_once(platform):
     grace_s = platform.settings.grace_s
     tenant_id, secret = platform.tenant()

@@ -13,10 +13,7 @@ concurrent test sessions on the same services never take each other's work.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,11 +22,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import uvicorn
 
 from api.app import create_app
-from api.deps import Services
-from api.stream_hub import StreamHub
 from models import topics
 from models.events import decode, new_event
 from models.events_admin import TenantLimitsChanged
@@ -39,9 +33,9 @@ from pipelines.batch.dispatcher import BatchDispatcher, limits_from_settings
 from pipelines.batch.reconcile import DispatchOptions
 from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog import partition_for
-from pipelines.tokencount import TokenCounter
 from tests.conftest import make_log_opener, service_url
-from tests.harness import MODEL_ALIAS, Loop, free_port, wait_until
+from tests.harness import MODEL_ALIAS, Loop, api_services, serve_api
+from tests.helpers import Launched, wait_until
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
 
@@ -67,39 +61,20 @@ def _env_of(settings: Settings) -> dict[str, str]:
     return {f"LEDGERLM_{n.upper()}": str(getattr(settings, n)) for n in names if getattr(settings, n) is not None}
 
 
-class CeleryWorker:
-    """`celery worker` as a child process; its own child runs the chunks."""
+class CeleryWorker(Launched):
+    """`celery worker` as a child process; its own child runs the chunks. Stopping it sends
+    SIGTERM to the main process only: a warm shutdown, in which it stops its child."""
 
     def __init__(self, settings: Settings, log_path: Path):
-        env = {**os.environ, **_env_of(settings), "PYTHONUNBUFFERED": "1"}
-        self.log_path = log_path
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", settings.batch_queue,
              "-c", "1", "--pool", "prefork", "-l", "INFO", "-n", f"{settings.batch_queue}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_until(lambda: "ready." in self.output() or self.proc.poll() is not None, WORKER_READY_S,
-                       interval_s=0.2, what="the Celery worker to be ready")
-            assert self.proc.poll() is None, f"the Celery worker exited:\n{self.output()[-3000:]}"
-        except BaseException:
-            self.stop()
-            raise
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+            env={**os.environ, **_env_of(settings), "PYTHONUNBUFFERED": "1"}, log=log_path,
+            ready="ready.", ready_s=WORKER_READY_S)
 
     def children(self) -> list[int]:
         return [c.pid for c in psutil.Process(self.proc.pid).children()]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # warm shutdown: the main process stops its child
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
 
 
 @dataclass
@@ -126,15 +101,8 @@ class BatchPlatform:
                                     stop_grace_s=30, chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
         self.loop = Loop("batch-dispatcher", lambda: self.dispatcher.run_once(0.05),
                          lambda: (self.dispatcher.close(), queue.close())).start()
-        api_log = self._log()
-        services = Services(settings=self.settings, log=api_log, registry_view=platform.registry_view(api_log),
-                            counter=TokenCounter(), hub=StreamHub(api_log, idle_wait_s=0.02))
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(services), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self._server_thread = threading.Thread(target=self.server.run, name="batch-api", daemon=True)
-        self._server_thread.start()
-        wait_until(lambda: self.server.started, 30, what="the API server to start")
+        self.server, self._server_thread, self.port = serve_api(
+            create_app(api_services(self.settings, self._log())), "batch-api")
         return self
 
     def _log(self):
@@ -193,13 +161,12 @@ class BatchPlatform:
             self.check()
             job = get()
             return job if job.status in TERMINAL else None
-        return wait_until(ended, timeout_s, interval_s=0.2, what="the batch to end")
+        return wait_until(ended, timeout_s, every_s=0.2, what="the batch to end")
 
     def check(self) -> None:
         if self.loop.error is not None:
             raise AssertionError(f"the dispatcher crashed: {self.loop.error!r}") from self.loop.error
-        if self.worker.proc.poll() is not None:
-            raise AssertionError(f"the Celery worker exited:\n{self.worker.output()[-3000:]}")
+        self.worker.check()
 
     def close(self) -> None:
         """Stops whatever `start` got to, so a failed start leaves no process behind."""

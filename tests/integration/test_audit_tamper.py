@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from models import topics
 from pipelines.audit.verify import verify
 from pipelines.projections.sql import open_projection_db
-from tests.integration.conftest_ledger import EVERY, SIGNER, ledger_dbs, project  # noqa: F401 (fixture)
+from tests.integration.conftest_ledger import EVERY, SIGNER, project
 from tests.ledger_workload import Workload, append_all
 
 ROOT = Path(__file__).resolve().parents[2]

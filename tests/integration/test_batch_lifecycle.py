@@ -13,7 +13,7 @@ from models.events_batch import (
     BatchUsageSettled,
 )
 from pipelines.batch.tokens import encode_chat, tokenizer_for
-from tests.harness import wait_until
+from tests.helpers import wait_until
 from tests.integration.test_batch_api import jsonl, lines_of, request_line, upload
 
 pytest_plugins = ["tests.integration.batch_fixtures"]
@@ -97,7 +97,7 @@ def test_killed_worker_process_mid_chunk_redoes_the_chunk_without_duplicates(bat
     def started_chunk_1():
         return [p for _, p in of_batch(tail(), batch.id, BatchChunkStarted) if p.chunk_index == 1]
 
-    (victim,) = wait_until(started_chunk_1, 180, interval_s=0.01, what="chunk 1 to start")
+    (victim,) = wait_until(started_chunk_1, 180, every_s=0.01, what="chunk 1 to start")
     pid = int(victim.worker_id.rsplit(":", 1)[1])
     assert pid in batch_platform.worker.children(), "the chunk runs in the Celery worker's child process"
     os.kill(pid, signal.SIGKILL)

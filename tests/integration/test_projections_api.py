@@ -23,7 +23,7 @@ from pipelines.projections.queries import generation_status
 from pipelines.projections.sql import open_projection_db
 from pipelines.routing import publish
 from pipelines.tokencount import TokenCounter
-from tests.integration.conftest_ledger import embedded_ledger_log, ledger_dbs, project  # noqa: F401 (fixtures)
+from tests.integration.conftest_ledger import project
 from tests.ledger_workload import BASE, Workload, append_all
 
 SECRET_TEXT = "TOP-SECRET-PROMPT-TEXT"

@@ -5,10 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,10 +15,8 @@ from sqlalchemy import func, select
 
 from models.tables import audit_trail
 from pipelines.projections.sql import open_projection_db
-from tests.integration.conftest_ledger import ledger_dbs  # noqa: F401 (fixture)
+from tests.helpers import ROOT, Launched
 from tests.ledger_workload import Workload, append_all
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -61,20 +57,11 @@ def chained(db_url: str) -> int:
 
 def test_serve_projector_catches_up_and_stops_on_sigterm_then_replay_matches(setup):
     env, workload, db_url, dbs = setup
-    projector = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "projector"], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while chained(db_url) < workload.expected.events:
-            assert projector.poll() is None, projector.stdout.read()
-            assert time.monotonic() < deadline, "the projector did not catch up within 120 s"
-            time.sleep(0.1)
-        projector.send_signal(signal.SIGTERM)
-        assert projector.wait(timeout=60) == 0
-    finally:
-        if projector.poll() is None:
-            projector.kill()
-            projector.wait()
+    with Launched([sys.executable, "-m", "api.cli", "serve", "projector"], env=env,
+                  log=Path(env["LEDGERLM_HOME"]) / "projector.log") as projector:
+        projector.wait_until(lambda: chained(db_url) >= workload.expected.events, 120,
+                             what="the projector to catch up")
+        assert projector.stop(timeout_s=60) == 0, projector.shown()
 
     status = ledgerlm(env, "projections", "status").stdout
     assert '"audit": 0' in status and '"generations": 0' in status

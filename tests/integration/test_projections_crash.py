@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -19,20 +16,9 @@ from pipelines.audit.replay import replay
 from pipelines.projections import all_projections
 from pipelines.projections.base import Projection
 from pipelines.projections.sql import open_projection_db
-from tests.integration.conftest_ledger import (  # noqa: F401 (fixtures)
-    EVERY, SIGNER, embedded_ledger_log, ledger_dbs, ledger_log, project, runner_for,
-)
+from tests.helpers import ROOT, Launched
+from tests.integration.conftest_ledger import EVERY, SIGNER, project, runner_for
 from tests.ledger_workload import Workload, append_all
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(condition, *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def positions(engine) -> dict:
@@ -112,19 +98,10 @@ def test_sigkill_mid_batch_then_restart_neither_doubles_nor_skips(ledger_log, le
     log, workload = build_log(ledger_log)
     url = ledger_dbs.new()
     marker = tmp_path / "stalled"
-    child = subprocess.Popen(
-        [sys.executable, "-c", STALLING_PROJECTOR, ledger_log.spec, url, str(marker), "4"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: marker.exists() or child.poll() is not None, timeout_s=120,
-                 what="the projector to stall in its 4th batch")
-        assert child.poll() is None, f"the projector exited early: {child.stderr.read()}"
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    with Launched([sys.executable, "-c", STALLING_PROJECTOR, ledger_log.spec, url, str(marker), "4"],
+                  env={**os.environ, "PYTHONPATH": str(ROOT)}, log=tmp_path / "projector.log") as child:
+        child.wait_until(marker.exists, 120, what="the projector to stall in its 4th batch")
+        child.stop(signal.SIGKILL)
 
     engine = open_projection_db(url)
     done = sum(pos for (name, _, _), pos in positions(engine).items() if name == "generations")

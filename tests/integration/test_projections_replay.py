@@ -12,9 +12,7 @@ from pipelines.audit.replay import ReplayTargetNotEmpty, replay
 from pipelines.audit.verify import verify
 from pipelines.projections.queries import usage_summary
 from pipelines.projections.sql import open_projection_db
-from tests.integration.conftest_ledger import (  # noqa: F401 (fixtures)
-    EVERY, SIGNER, embedded_ledger_log, ledger_dbs, ledger_log, project, runner_for,
-)
+from tests.integration.conftest_ledger import EVERY, SIGNER, project, runner_for
 from tests.ledger_workload import Workload, append_all
 
 

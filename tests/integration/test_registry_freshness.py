@@ -4,7 +4,6 @@ queueing for one each. Both event logs; a look can be held open so callers overl
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -12,6 +11,23 @@ import pytest
 from pipelines.admin import RegistryView
 from tests.conftest import make_log_opener
 from tests.harness import new_tenant
+from tests.helpers import wait_until
+
+
+class CountingLock:
+    """The view's lock, counting the callers that came to it. A caller takes the time it
+    asked before it comes to the lock, so once counted, a look begun later covers it."""
+
+    def __init__(self, lock):
+        self._lock, self._count_lock, self.arrived = lock, threading.Lock(), 0
+
+    def __enter__(self):
+        with self._count_lock:
+            self.arrived += 1
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self._lock.__exit__(*exc)
 
 
 @dataclass
@@ -20,6 +36,12 @@ class Views:
     writer: RegistryView  # another, on a handle of its own, for writing changes meanwhile
     gate: threading.Event  # cleared: a look, once it has the end, waits for it to be set
     looking: threading.Event  # set once a look has the end
+    lock: CountingLock  # the view's lock: how many callers came to it
+
+    def wait_for_callers(self, since: int, callers: int) -> None:
+        """Until `callers` more than `since` are at the lock, held up by the look under way."""
+        wait_until(lambda: self.lock.arrived - since >= callers, 30,
+                   what=f"{callers} callers to wait for the held look to end")
 
 
 @pytest.fixture(params=["embedded", "kafka"])
@@ -39,8 +61,10 @@ def views(request, tmp_path, monkeypatch):
         assert gate.wait(30), "the test never let the look finish"
         return end
     monkeypatch.setattr(tail, "end_offsets", held_end)
+    lock = CountingLock(view._lock)  # noqa: SLF001
+    monkeypatch.setattr(view, "_lock", lock)
     try:
-        yield Views(view, writer, gate, looking)
+        yield Views(view, writer, gate, looking, lock)
     finally:
         gate.set()
         for closable in (view, writer, log, writer_log):
@@ -76,9 +100,9 @@ def hold_a_look(views: Views) -> list[threading.Thread]:
 def test_callers_that_arrive_during_a_look_share_the_next_one(views):
     tenant_id, _ = new_tenant(views.writer)
     first = hold_a_look(views)
-    before = views.view.checks
+    before, arrived = views.view.checks, views.lock.arrived
     seen, waiting = start_refreshes(views.view, 12)
-    time.sleep(0.3)  # all twelve are waiting for the held look to end
+    views.wait_for_callers(arrived, 12)
     views.gate.set()
     join(first + waiting)
     # The twelve asked after the held look began, so it cannot answer for them; one look
@@ -90,8 +114,9 @@ def test_callers_that_arrive_during_a_look_share_the_next_one(views):
 def test_a_caller_never_gets_an_answer_from_a_look_older_than_its_question(views):
     first = hold_a_look(views)  # this look has the end from before the change below
     tenant_id, secret = new_tenant(views.writer)
+    arrived = views.lock.arrived
     seen, waiting = start_refreshes(views.view, 1)
-    time.sleep(0.3)  # it waits for the held look to end
+    views.wait_for_callers(arrived, 1)
     views.gate.set()
     join(first + waiting)
     assert tenant_id in seen[0].tenants

@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from tests.engine_fixture import engine_processes, tiny_engine_config
+from tests.helpers import wait_until
 from workers.engine import EngineDelta, EngineError, EngineRequest, InvalidEngineRequest
 from workers.engine_runner import EngineRunner
 from workers.vllm_engine import VllmEngine
@@ -31,15 +32,6 @@ def request(prompt: str = "The clerk keeps the books", **fields) -> EngineReques
 
 def collect(runner: EngineRunner, req: EngineRequest) -> list[EngineDelta]:
     return list(runner.stream(req, timeout=DELTA_TIMEOUT_S))
-
-
-def wait_until(condition, deadline_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_stream_token_counts_add_up_to_the_final_count(engine_runner, vllm_engine):
@@ -69,6 +61,7 @@ def test_prompt_tokens_match_count_tokens(engine_runner, vllm_engine):
         assert all(d.prompt_tokens == deltas[0].prompt_tokens for d in deltas)
 
 
+@pytest.mark.timing
 def test_abort_ends_the_stream_promptly(engine_runner, vllm_engine):
     req = request(max_output_tokens=400, ignore_eos=True)
     stream = engine_runner.stream(req, timeout=DELTA_TIMEOUT_S)
@@ -80,7 +73,7 @@ def test_abort_ends_the_stream_promptly(engine_runner, vllm_engine):
     assert time.monotonic() - aborted_at < 5.0
     assert rest and rest[-1].finished and rest[-1].finish_reason == "abort"
     assert rest[-1].output_tokens < 400
-    assert wait_until(lambda: vllm_engine.unfinished_requests() == 0)
+    wait_until(lambda: vllm_engine.unfinished_requests() == 0, 10, what="the engine to forget the request")
 
 
 def test_leaving_a_stream_early_aborts_the_request(engine_runner, vllm_engine):
@@ -88,7 +81,7 @@ def test_leaving_a_stream_early_aborts_the_request(engine_runner, vllm_engine):
         request(max_output_tokens=400, ignore_eos=True), timeout=DELTA_TIMEOUT_S
     ):
         break
-    assert wait_until(lambda: vllm_engine.unfinished_requests() == 0)
+    wait_until(lambda: vllm_engine.unfinished_requests() == 0, 10, what="the engine to forget the request")
 
 
 def test_abort_of_unknown_request_is_ignored(engine_runner, vllm_engine):
@@ -208,7 +201,7 @@ def test_a_crashed_engine_reports_unhealthy_and_close_reaps_everything(tiny_mode
         assert deltas[-1].output_tokens == 3
         core = next(p for p in mine if p.name().startswith("VLLM::EngineCor"))
         core.kill()
-        assert wait_until(lambda: not runner.submit(engine.health(), timeout=10), 30)
+        wait_until(lambda: not runner.submit(engine.health(), timeout=10), 30, what="the engine to report unhealthy")
         with pytest.raises(EngineError):
             collect(runner, request())
     assert not [p for p in engine_processes() if p.pid not in before]

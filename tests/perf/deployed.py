@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
     from pipelines import admin
     from pipelines.bootstrap import open_log
     from tests.harness import MODEL_ALIAS, free_port
+    from tests.helpers import Launched
 
     home.mkdir(parents=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LEDGERLM_HOME": str(home), "LEDGERLM_MODEL": str(model),
@@ -78,7 +78,7 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
                            if k.startswith("LEDGERLM_") and not k.startswith("LEDGERLM_TEST_")})
     subprocess.run([sys.executable, "-m", "workers", "model", "approve"], env=env, check=True, timeout=600,
                    capture_output=True)
-    children: list[subprocess.Popen] = []
+    children: list = []
     log = open_log(settings)
     # The processes lead sessions of their own, so a signal to the bench would not reach
     # them: a SIGTERM ends the bench through the `finally` below, which stops them.
@@ -89,40 +89,21 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
         for name, argv in PROCESSES.items():
             if worker_admits and name == "admission":
                 continue
-            out = (home / f"{name}.log").open("w")
-            children.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True))
-            if name == "worker":
-                env = beside_worker(env, _ready_line(home / "worker.log", children, time.monotonic() + 300))
+            ready = '"ready": true' if name == "worker" else None
+            children.append(Launched([sys.executable, *argv], env=env, log=home / f"{name}.log", ready=ready,
+                                     ready_s=300, stop_s=60))
+            if ready:
+                env = beside_worker(env, json.loads(children[-1].ready_line))
         base = f"http://127.0.0.1:{env['LEDGERLM_API_PORT']}"
         _wait_http(base + "/healthz", 60)
         yield Deployed(base, log, admin.RegistryView(log))
         for child in children:
-            if child.poll() is not None:
-                raise RuntimeError(f"{child.args} exited with {child.returncode}")
+            child.check()
     finally:
-        for child in children:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait(timeout=10)
+        for child in reversed(children):
+            child.stop()
         log.close()
         signal.signal(signal.SIGTERM, previous)
-
-
-def _ready_line(path: Path, children: list[subprocess.Popen], deadline: float) -> dict:
-    """The worker's ready line, read from its log, as a dict."""
-    while True:
-        for line in path.read_text().splitlines():
-            if '"ready": true' in line:
-                return json.loads(line)
-        if time.monotonic() > deadline or any(c.poll() is not None for c in children):
-            raise RuntimeError("the worker did not start:\n" + path.read_text()[-3000:])
-        time.sleep(0.5)
 
 
 def _exit_on_sigterm(signum, frame):

@@ -29,6 +29,7 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from pipelines.eventlog import open_event_log  # noqa: E402
 from pipelines.eventlog.base import Message, TopicSpec  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
 from tests.perf.bench_overhead import percentile  # noqa: E402
 
@@ -53,10 +54,8 @@ def delivery_ms(log, topic: str, poll: Callable[[float], Iterable], *, partition
         value = b"round %d" % i
         sent = time.monotonic()
         log.append(topic, [Message("k", value, partition=i % partitions)])
-        deadline = sent + 10
-        while not any(r.value == value for r in poll(0.5)):
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"round {i}: the record never arrived")
+        wait_until(lambda: any(r.value == value for r in poll(0.5)), 10, every_s=0,
+                   what=f"round {i}'s record to arrive")
         times.append((time.monotonic() - sent) * 1000)
     return times
 

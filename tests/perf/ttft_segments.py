@@ -24,6 +24,7 @@ import httpx  # noqa: E402
 
 from models import topics  # noqa: E402
 from tests.harness import MODEL_ALIAS  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
 from tests.perf.bench_noisy_neighbour import bench_topics_cleared  # noqa: E402
 from tests.perf.bench_overhead import first_stamps, percentile  # noqa: E402
 from tests.perf.deployed import deployed  # noqa: E402
@@ -48,11 +49,8 @@ def warm_up(client: httpx.Client, timeout_s: float = 30.0) -> None:
     """Sends a short request until the platform serves one (its first may meet a worker
     still joining its group)."""
     warm = {"model_alias": MODEL_ALIAS, "input": "warm", "max_output_tokens": 2, "stream": False}
-    deadline = time.monotonic() + timeout_s
-    while client.post("/v1/generations", json=warm).status_code != 200:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the platform never served the warm-up request")
-        time.sleep(0.2)
+    wait_until(lambda: client.post("/v1/generations", json=warm).status_code == 200, timeout_s, every_s=0.2,
+               what="the platform to serve the warm-up request")
 
 
 def measure(path: str, model: Path, home: Path, requests: int) -> dict[str, float]:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 from contextlib import contextmanager
-from pathlib import Path
 
 import psutil
 import pytest
@@ -18,9 +17,9 @@ from pydantic import ValidationError
 
 from models.settings import Settings, format_cpu_list, parse_cpu_list
 from pipelines.process_tuning import PLACED_AT_START, tune_process
+from tests.helpers import ROOT, Launched
 from workers.vllm_engine import bound_cpus, confine_threads
 
-ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = sorted(os.sched_getaffinity(0))
 
 
@@ -167,25 +166,22 @@ def test_a_worker_stays_put_or_goes_where_it_is_told(bound, cpus, expected):
 @contextmanager
 def child_with_a_bound_thread(cpu: int):
     """A process with three threads: its main one and one more free to run anywhere, and one
-    bound to `cpu`. Killed on leaving."""
+    bound to `cpu`. Stopped on leaving."""
     script = textwrap.dedent(f"""
         import os, threading, time
+        bound = threading.Event()
         def pinned():
             os.sched_setaffinity(0, {{{cpu}}})
+            bound.set()
             time.sleep(60)
         threading.Thread(target=pinned, daemon=True).start()
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
-        time.sleep(0.2)
+        assert bound.wait(30), "the thread never bound itself"
         print("ready", flush=True)
-        time.sleep(60)
+        time.sleep(60)  # kept alive until the test stops it
     """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready"
+    with Launched([sys.executable, "-c", script], ready="ready", ready_s=30) as child:
         yield psutil.Process(child.pid)
-    finally:
-        child.kill()
-        child.wait(timeout=10)
 
 
 def test_bound_cpus_are_those_of_threads_narrower_than_the_host():

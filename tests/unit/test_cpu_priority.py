@@ -8,33 +8,26 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.helpers import ROOT, Launched
 from workers.vllm_engine import lower_cpu_priority
-
-ROOT = Path(__file__).resolve().parents[2]
 
 BUSY_CHILD = textwrap.dedent("""
     import threading, time
     for _ in range(3):
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     print("ready", flush=True)
-    time.sleep(60)
+    time.sleep(60)  # kept alive until the test stops it
 """)
 
 
 @pytest.fixture
 def child():
-    process = subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout.readline().strip() == "ready"
+    with Launched([sys.executable, "-c", BUSY_CHILD], ready="ready", ready_s=30) as process:
         yield psutil.Process(process.pid)
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def thread_nices(process: psutil.Process) -> list[int]:

@@ -1,9 +1,9 @@
 import asyncio
 import threading
-import time
 
 import pytest
 
+from tests.helpers import wait_until
 from workers.engine import EngineDelta, EngineRequest, InferenceEngine
 from workers.engine_runner import EngineRunner
 
@@ -75,9 +75,7 @@ def test_leaving_a_stream_early_cancels_the_generation():
     with EngineRunner(engine) as runner:
         for _ in runner.stream(req("b", 10_000), timeout=5):
             break
-        deadline = time.monotonic() + 5
-        while not engine.cancelled and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: engine.cancelled, 5, what="the generation to be cancelled")
         assert engine.cancelled == ["b"]
 
 
@@ -130,7 +128,5 @@ def test_a_stalled_stream_times_out_and_is_cancelled():
     with EngineRunner(engine) as runner:
         with pytest.raises(TimeoutError):
             list(runner.stream(req("d", 3), timeout=0.2))
-        deadline = time.monotonic() + 5
-        while not engine.cancelled and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: engine.cancelled, 5, what="the generation to be cancelled")
         assert engine.cancelled == ["d"]

@@ -58,6 +58,7 @@ async def appended(log: RecordingLog, events: int, *, within_s: float) -> None:
         await asyncio.sleep(0.005)
 
 
+@pytest.mark.timing
 def test_deltas_of_several_generations_share_an_append_and_keep_their_order():
     log = RecordingLog(delay_s=0.02)  # a slow append: what arrives meanwhile is batched
 
@@ -107,6 +108,7 @@ def test_an_end_is_on_the_outcomes_topic_before_its_stream_copy():
     assert stream[-2:] == [TokensEmitted, GenerationFailed], "on the stream, the end still follows the last tokens"
 
 
+@pytest.mark.timing
 def test_first_tokens_do_not_wait_for_the_linger_of_others():
     log = RecordingLog()
 
@@ -146,6 +148,7 @@ def test_a_failed_append_is_reported_once_and_the_ending_can_still_be_written():
     assert [type(e.payload) for e in log.on(topics.OUTCOMES)] == [GenerationFailed]
 
 
+@pytest.mark.timing
 def test_a_lone_stream_lingers_between_its_events():
     log = RecordingLog()
 
@@ -164,6 +167,7 @@ def test_a_lone_stream_lingers_between_its_events():
     assert len(tokens) <= 6, f"{len(tokens)} events for 20 tokens: later tokens did not linger"
 
 
+@pytest.mark.timing
 def test_another_generations_first_tokens_and_end_do_not_cut_a_linger_short():
     log = RecordingLog()
 
@@ -213,6 +217,7 @@ def test_the_linger_grows_with_the_generations_streaming():
     assert after == 0, "ended generations no longer count"
 
 
+@pytest.mark.timing
 def test_drain_and_finish_do_not_wait_out_the_linger():
     log = RecordingLog()
 
@@ -232,6 +237,7 @@ def test_drain_and_finish_do_not_wait_out_the_linger():
     assert text == "first later last"
 
 
+@pytest.mark.timing
 def test_the_start_goes_first_at_once_and_the_first_tokens_still_do_not_linger():
     log = RecordingLog()
 
@@ -239,7 +245,7 @@ def test_the_start_goes_first_at_once_and_the_first_tokens_still_do_not_linger()
         writer = StreamWriter(log, linger_s=5.0)
         start = started("r")
         writer.announce(start)
-        await asyncio.sleep(0.05)
+        await appended(log, 1, within_s=1.0)  # well inside the 5 s linger
         announced = [type(e.payload) for e in log.on(topics.STREAM)]
         writer.tokens(start, "hello", 1)  # no drain: that would not let it linger anyway
         first_after = await seconds(appended(log, 2, within_s=2))

@@ -15,7 +15,7 @@ from pipelines import admin
 from pipelines.admin import RegistryView
 from pipelines.bootstrap import open_log
 from pipelines.tokencount import TokenCounter
-from tests.harness import wait_until
+from tests.helpers import wait_until
 from workers.tiny_model import make_tiny_model
 
 
