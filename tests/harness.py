@@ -157,17 +157,23 @@ class Platform:
 
     def start_worker(self, *, max_in_flight: int = 8, take_ahead: int | None = 0, pool: str | None = None,
                      log: EventLog | None = None, close: Callable[[], object] | None = None,
-                     engine=None) -> Loop:
+                     engine=None, runner: EngineRunner | None = None, revision: str | None = None) -> Loop:
         """A pool worker on the shared engine (`pool` None: the shared pool, which `self.worker`
-        names). `close` replaces the worker's orderly close, e.g. to leave it as a crash would;
-        `engine` wraps the shared one (it must run on the shared engine's loop)."""
-        worker = InteractiveWorker(log or self._log(), self.runner, engine or self.runner.engine,
-                                   max_in_flight=max_in_flight,
+        names), serving the platform's revision unless told another (`revision`, with the
+        `runner` of its engine). `close` replaces the worker's orderly close, e.g. to leave it
+        as a crash would (its heartbeats stop too); `engine` wraps the shared one (it must run
+        on the shared engine's loop)."""
+        runner = runner or self.runner
+        engine = engine or runner.engine
+        worker = InteractiveWorker(log or self._log(), runner, engine, max_in_flight=max_in_flight,
                                    take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool,
-                                   cancel_log=self._log(), stream_linger_s=self.settings.stream_linger_ms / 1000)
-        if pool is None:
+                                   cancel_log=self._log(), stream_linger_s=self.settings.stream_linger_ms / 1000,
+                                   revision=revision or self.model_revision,
+                                   engine_config_hash=runner.engine.engine_config_hash())
+        if pool is None and revision is None:
             self.worker = worker
-        loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), close or worker.close).start()
+        ending = worker.close if close is None else (lambda: (worker.silence(), close()))
+        loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), ending).start()
         loop.worker = worker
         self.loops.append(loop)
         return loop

@@ -97,6 +97,13 @@ class FleetPresence:
         self._draining = True
         self._send(WorkerDraining(worker_id=self.identity.worker_id, reason=reason))
 
+    def silence(self) -> None:
+        """Stops beating without a word, as a process that died would: readers declare the
+        worker lost once its heartbeats are overdue."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._close_timeout_s)
+
     def close(self, reason: str = "shutdown", exit_code: int | None = None) -> None:
         """Stops beating and says the worker left, giving up after `close_timeout_s`."""
         deadline = time.monotonic() + self._close_timeout_s

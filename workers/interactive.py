@@ -167,6 +167,11 @@ class InteractiveWorker:
     def queued(self) -> int:
         return len(self._queue)
 
+    def silence(self) -> None:
+        """Stops its heartbeats without saying it left (what a crash leaves behind)."""
+        if self._presence is not None:
+            self._presence.silence()
+
     def run_once(self, timeout_s: float = 0.2) -> int:
         self.join()
         room = self._lookahead - len(self._queue)

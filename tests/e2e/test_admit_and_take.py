@@ -36,7 +36,8 @@ class Fused:
         self.engine = self.runner.engine
         self.log, self.admission_log = open_log(), open_log()
         self.worker = InteractiveWorker(self.log, self.runner, self.engine, max_in_flight=slots, take_ahead=0,
-                                        worker_id=f"w-{uuid.uuid4().hex[:6]}")
+                                        worker_id=f"w-{uuid.uuid4().hex[:6]}", revision=REVISION,
+                                        engine_config_hash="fake")
         view = RegistryView(self.admission_log)
         admin.approve_model(view, alias="fake", model_revision=REVISION, model_path="/nowhere",
                             engine_config_hash="fake", max_model_len=512, actor="tests")
@@ -75,7 +76,7 @@ class Fused:
         return [env.event_type for env in self.events(topic, request_id)]
 
     def queued_anywhere(self, request_id: str) -> list[str]:
-        return [t.name for t in topics.pool_work_topics(None) if self.events(t, request_id)]
+        return [t.name for t in topics.pool_work_topics(None, REVISION) if self.events(t, request_id)]
 
     def close(self) -> None:
         self.admission.close()
@@ -131,7 +132,7 @@ def test_work_that_cannot_start_at_once_queues_and_is_taken_from_the_work_topic(
     for request_id in ("first", "second"):
         assert fused.types(topics.OUTCOMES, request_id).count("GenerationStarted") == 1
     assert fused.queued_anywhere("first") == []
-    [queued_on] = [t for t in topics.pool_work_topics(None) if fused.events(t, "second")]
+    [queued_on] = [t for t in topics.pool_work_topics(None, REVISION) if fused.events(t, "second")]
     assert [e.event_type for e in fused.events(queued_on, "second")] == ["GenerationQueued", "GenerationStarted"]
 
 

@@ -81,5 +81,5 @@ def test_a_worker_that_admits_serves_without_an_admission_process(log_kind, pinn
         assert settlement.payload.output_tokens == 8 and settlement.payload.terminal_status == "completed"
         assert [env.event_type for _, env in request_events(platform.log, request_id, topics.OUTCOMES)] == [
             "GenerationStarted", "GenerationCompleted"]
-        for work in topics.pool_work_topics(None):
+        for work in topics.pool_work_topics(None, ready[0]["revision"]):
             assert request_events(platform.log, request_id, work) == [], "taken at admission, never queued"
