@@ -56,7 +56,7 @@ def test_admitted_request_is_reserved_and_queued_by_priority():
     book = ReservationBook()
     out = handle_requested(requested("r1", priority="high"), registry=registry(), book=book, now=T0, grace=GRACE)
     assert types(out) == [(topics.LEDGER.name, "BudgetReserved"), (topics.LEDGER.name, "GenerationAdmitted"),
-                          (topics.WORK_HIGH.name, "GenerationQueued")]
+                          (topics.work_topic(None, "high", REV).name, "GenerationQueued")]
     reserved = out[0][1].payload
     assert reserved.tokens == 30 and reserved.cost_micros == 10 + 40
     assert reserved.expires_at == T0 + timedelta(seconds=60) + GRACE
@@ -67,7 +67,16 @@ def test_admitted_request_is_reserved_and_queued_by_priority():
 def test_dedicated_pool_routes_to_its_own_work_topic():
     out = handle_requested(requested("r1"), registry=registry(pool="gold"), book=ReservationBook(), now=T0,
                            grace=GRACE)
-    assert out[2][0] == topics.work_topic("gold", "normal") != topics.WORK_NORMAL
+    assert out[2][0] == topics.work_topic("gold", "normal", REV) != topics.work_topic(None, "normal", REV)
+
+
+def test_work_waits_on_its_pinned_revisions_own_topic():
+    queued_on = {topic.name for topic, env in handle_requested(requested("r1"), registry=registry(),
+                                                               book=ReservationBook(), now=T0, grace=GRACE)
+                 if env.event_type == "GenerationQueued"}
+    assert queued_on == {topics.work_topic(None, "normal", REV).name}
+    assert topics.work_topic(None, "normal", REV) != topics.work_topic(None, "normal", REV + "-other")
+    assert topics.WORK_NORMAL.name not in queued_on, "no revision-less topic: any worker would take it"
 
 
 def test_rejection_goes_to_ledger_and_stream_with_retry_after():
