@@ -130,7 +130,7 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
     runner = EngineRunner(platform.engine()).start()
     try:
         config_hash = check_engine(runner.engine, serving)  # from the engine it actually loaded
-        runner.submit(warm_up(runner.engine)).result(timeout=300)  # warm before it joins the fleet
+        runner.submit(warm_up(runner.engine), timeout=300)  # warm before it joins the fleet
         cpus = place_beside_engine(settings, runner.engine)
         engine_cpus = runner.engine.pin_to_compute_cpus() if settings.engine_pinned else set()
         cancel_log = platform.event_log(create_topics=False)

@@ -80,6 +80,7 @@ class Fused:
 
     def close(self) -> None:
         self.admission.close()
+        self.worker.silence()
         self.worker._cancels.stop()  # noqa: SLF001 - no orderly close: the fake engine holds its work
         self.worker._consumer.close()  # noqa: SLF001
         self.runner.close()
