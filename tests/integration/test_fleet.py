@@ -13,7 +13,7 @@ import pytest
 from models.events_fleet import Capacity
 from pipelines.fleet import FleetView
 from tests.conftest import make_log_opener
-from tests.contract.conftest import wait_for
+from tests.helpers import wait_until as wait_for
 from workers.fleet_presence import FleetPresence, Load, WorkerIdentity
 
 INTERVAL_S = 0.25
