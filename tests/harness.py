@@ -25,9 +25,8 @@ from models.settings import Settings
 from pipelines import admin
 from pipelines.admission import AdmissionProcessor
 from pipelines.admin import RegistryView
-from pipelines.bootstrap import topic_specs
-from pipelines.eventlog import EventLog, open_event_log
-from pipelines.eventlog.namespaced import NamespacedEventLog
+from pipelines.bootstrap import Bootstrap, topic_specs
+from pipelines.eventlog import EventLog
 from pipelines.tokencount import TokenCounter
 from tests.helpers import wait_until
 from workers.engine_runner import EngineRunner
@@ -37,11 +36,12 @@ MODEL_ALIAS = "tiny"
 
 
 def open_isolated_log(kind: str, home: Path, *, kafka_url: str = "", namespace: str = "") -> EventLog:
-    """A handle onto one isolated log: the embedded one under `home`, or `namespace` on the
-    Kafka at `kafka_url`. Plain arguments, so another process can open the same log."""
-    if kind == "embedded":
-        return open_event_log(f"sqlite:///{Path(home) / 'eventlog.db'}")
-    return NamespacedEventLog(open_event_log(kafka_url), namespace)
+    """A handle onto one isolated log, opened through the bootstrap: the embedded one under
+    `home`, or `namespace` on the Kafka at `kafka_url`. Plain arguments, so another process
+    can open the same log."""
+    url = f"sqlite:///{Path(home) / 'eventlog.db'}" if kind == "embedded" else kafka_url
+    settings = Settings(home=home, event_log_url=url, event_log_namespace="" if kind == "embedded" else namespace)
+    return Bootstrap(settings).event_log(create_topics=False)
 
 
 def isolated_log_opener(kind: str, home: Path, *, kafka_url: str = "", prefix: str = "t") -> Callable[[], EventLog]:
