@@ -117,3 +117,39 @@ def test_a_re_pointed_alias_sends_new_requests_to_its_new_revision(platform, sec
     assert response.json()["model_revision"] == platform.model_revision
     assert started_of(platform, response.json()["id"]).model_revision == platform.model_revision
     assert took_s < 5, f"the new pin took {took_s:.1f}s to apply"
+
+
+def test_an_alias_re_pointed_under_load_moves_new_requests_only(platform, second_revision):
+    """Requests keep coming while the alias moves from the fake revision to the tiny one:
+    each runs on the revision it was pinned to, those sent well after the change are all on
+    the new one, and those answered before it on the old one."""
+    alias, revision = second_revision
+    runner = EngineRunner(FakeEngine(hold=False), name="fake-engine").start()
+    loop = platform.start_worker(runner=runner, revision=revision, max_in_flight=4)
+    sent: list[tuple[float, float, str, str]] = []  # (sent at, answered at, pinned revision, id)
+    try:
+        _, secret = platform.tenant()
+        with platform.client(secret) as client:
+            wait_until(lambda: client.get(f"/v1/models/{alias}").json()["serving"]["workers"] >= 1, 30,
+                       what="the fleet to show the second revision's worker")
+
+            def one() -> None:
+                at = time.monotonic()
+                response = generate(client, alias, f"load-{uuid.uuid4().hex[:8]}")
+                assert response.status_code == 200, response.text
+                sent.append((at, time.monotonic(), response.json()["model_revision"], response.json()["id"]))
+            for _ in range(4):
+                one()
+            changed_at = time.monotonic()
+            admin.set_alias(platform.view, alias=alias, model_revision=platform.model_revision, actor="tests")
+            while time.monotonic() - changed_at < 3:
+                one()
+    finally:
+        loop.halt()
+        runner.close()
+    bound_s = 1.0
+    assert all(pinned == revision for at, done, pinned, _ in sent if done < changed_at)
+    after = [pinned for at, _, pinned, _ in sent if at > changed_at + bound_s]
+    assert after and set(after) == {platform.model_revision}, f"after the change: {after}"
+    for _, _, pinned, request_id in sent:
+        assert started_of(platform, request_id).model_revision == pinned
