@@ -163,7 +163,7 @@ def set_alias(alias: str, body: AliasBody, actor: ActorDep, svc: ServicesDep):
     return {"alias": alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}
 
 
-@router.post("/models/{model_revision}/retire")
+@router.post("/models/{model_revision:path}/retire")  # a revision name may hold a '/'; the route is unambiguous
 def retire_revision(model_revision: str, actor: ActorDep, svc: ServicesDep, body: RetireBody | None = None):
     """New work on the revision is refused (410 `model_retired`); running work finishes."""
     reason = body.reason if body else None
