@@ -116,9 +116,10 @@ def test_a_retired_revision_finishes_its_running_work_and_refuses_new_work(platf
                                            max_output_tokens=4, deadline_ms=None),
                           principal=principal, registry=before, log=platform.admin_log, counter=TokenCounter(),
                           default_deadline_ms=60_000)
-        [(_, rejection)] = wait_until(lambda: request_events(platform.admin_log, late_id, topics.LEDGER), 30,
-                                      what="admission's decision on the late request")
-        assert rejection.event_type == "GenerationRejected", rejection.event_type
+        decided = wait_until(lambda: [env for _, env in request_events(platform.admin_log, late_id, topics.LEDGER)],
+                             30, what="admission's decision on the late request")
+        assert [env.event_type for env in decided] == ["GenerationRejected"], "admitted to a retired revision"
+        rejection = decided[0]
         assert rejection.payload.reason == "model_retired" and revision in rejection.payload.message
         assert late_id not in engine.started
 
