@@ -74,6 +74,10 @@ def add_admin_parser(sub) -> None:
     alias.add_argument("alias")
     alias.add_argument("revision")
     alias.add_argument("--tenants", default="*")
+    retire = model.add_parser("retire", help="refuse new work on a revision (running work finishes); final")
+    retire.add_argument("revision")
+    retire.add_argument("--reason")
+    model.add_parser("delete-alias", help="remove an alias for every tenant").add_argument("alias")
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
@@ -130,3 +134,9 @@ def _run(admin, view, args, actor: str):
         admin.set_alias(view, alias=args.alias, model_revision=args.revision, actor=actor,
                         allowed_tenants=tuple(args.tenants.split(",")))
         yield {"alias": args.alias, "model_revision": args.revision}
+    elif what == "model" and action == "retire":
+        admin.retire_revision(view, model_revision=args.revision, actor=actor, reason=args.reason)
+        yield {"model_revision": args.revision, "retired": True}
+    elif what == "model" and action == "delete-alias":
+        admin.delete_alias(view, alias=args.alias, actor=actor)
+        yield {"alias": args.alias, "deleted": True}

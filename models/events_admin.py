@@ -61,6 +61,26 @@ class ModelAliasSet(Payload):
     actor: str
 
 
+@event("ModelRevisionRetired")
+class ModelRevisionRetired(Payload):
+    """A revision is no longer pinned for new work: aliases pointing at it resolve to
+    nothing, and requests already pinned to it are rejected. Work already running on it
+    finishes, and usage and audit keep naming it. Final: the revision is never approved
+    again (approve its model under a new revision name instead)."""
+
+    model_revision: str
+    actor: str
+    reason: str | None = None
+
+
+@event("ModelAliasDeleted")
+class ModelAliasDeleted(Payload):
+    """An alias is gone, for every tenant; the revision it pointed at is untouched."""
+
+    alias: str
+    actor: str
+
+
 @event("TenantLimitsChanged")
 class TenantLimitsChanged(Payload):
     """A tenant's complete limits after the change (not a patch), so the latest event alone

@@ -17,7 +17,7 @@ Priority = Literal["high", "normal", "batch"]
 FinishReason = Literal["stop", "length"]
 RejectReason = Literal[
     "rate", "concurrency", "tokens", "spend", "input_too_large", "output_too_large",
-    "deadline", "unknown_model", "tenant_disabled",
+    "deadline", "unknown_model", "tenant_disabled", "model_retired",
 ]
 
 

@@ -2,6 +2,11 @@
 
 Pure: `apply` takes an envelope and updates the registry; readers (API, admission,
 workers) each keep one and feed it the admin topic.
+
+A retired revision stays in `revisions` (settlement prices what ran on it, usage and
+audit name it, running work finishes on it) but can no longer be pinned: `pinnable` and
+`resolve_alias` never return it. Retirement is final: a later `ModelRevisionApproved` of
+the same name does not bring it back (the admin commands refuse to write one).
 """
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from dataclasses import dataclass, field
 
 from models.events import Envelope
 from models.events_admin import (
-    ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated, TenantLimitsChanged,
+    ApiKeyIssued, ApiKeyRevoked, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved, ModelRevisionRetired,
+    TenantCreated, TenantLimitsChanged,
 )
 from models.quota import Limits
 
@@ -63,6 +69,7 @@ class Registry:
     revisions: dict[str, Revision] = field(default_factory=dict)
     aliases: dict[str, Alias] = field(default_factory=dict)
     limits: dict[str, Limits] = field(default_factory=dict)  # tenants without an entry are unlimited
+    retired: dict[str, str | None] = field(default_factory=dict)  # revision -> the reason given, if any
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
@@ -75,12 +82,19 @@ class Registry:
         elif isinstance(p, ApiKeyRevoked):
             self.revoked.add(p.key_id)
         elif isinstance(p, ModelRevisionApproved):
+            if p.model_revision in self.retired:
+                return  # retirement is final; its record stays as it was when retired
             self.revisions[p.model_revision] = Revision(
                 p.model_revision, p.model_path, p.engine_config_hash, p.max_model_len,
                 p.price_input_per_1k_micros, p.price_output_per_1k_micros,
             )
         elif isinstance(p, ModelAliasSet):
             self.aliases[p.alias] = Alias(p.alias, p.model_revision, frozenset(p.allowed_tenants))
+        elif isinstance(p, ModelRevisionRetired):
+            if p.model_revision in self.revisions:
+                self.retired.setdefault(p.model_revision, p.reason)
+        elif isinstance(p, ModelAliasDeleted):
+            self.aliases.pop(p.alias, None)
         elif isinstance(p, TenantLimitsChanged):
             self.limits[p.tenant_id] = Limits.from_payload(p)
 
@@ -90,15 +104,32 @@ class Registry:
             return None
         return principal
 
+    def pinnable(self, model_revision: str) -> Revision | None:
+        """The revision if new work may be pinned to it: approved and not retired."""
+        if model_revision in self.retired:
+            return None
+        return self.revisions.get(model_revision)
+
     def resolve_alias(self, alias: str, tenant_id: str) -> Revision | None:
-        """The revision an alias pins for this tenant; None when unknown or not allowed."""
+        """The revision an alias pins for this tenant; None when unknown, not allowed, or
+        pointing at a revision that is retired (`retired_behind` tells that case apart)."""
         entry = self.aliases.get(alias)
         if entry is None or not entry.allows(tenant_id):
             return None
-        return self.revisions.get(entry.model_revision)
+        return self.pinnable(entry.model_revision)
+
+    def retired_behind(self, alias: str, tenant_id: str) -> str | None:
+        """The retired revision an alias this tenant may use points at; None otherwise.
+        An alias the tenant may not use says nothing, as if it did not exist."""
+        entry = self.aliases.get(alias)
+        if entry is None or not entry.allows(tenant_id) or entry.model_revision not in self.retired:
+            return None
+        return entry.model_revision
 
     def aliases_for(self, tenant_id: str) -> list[Alias]:
-        return sorted((a for a in self.aliases.values() if a.allows(tenant_id)), key=lambda a: a.alias)
+        """The aliases this tenant may use now: allowed, and pointing at a pinnable revision."""
+        return sorted((a for a in self.aliases.values() if a.allows(tenant_id) and self.pinnable(a.model_revision)),
+                      key=lambda a: a.alias)
 
     def limits_for(self, tenant_id: str) -> Limits:
         return self.limits.get(tenant_id, Limits())

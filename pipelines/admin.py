@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from models import topics
 from models.events import Envelope, decode, encode, new_event
 from models.events_admin import (
-    ALL_SCOPES, ApiKeyIssued, ApiKeyRevoked, ModelAliasSet, ModelRevisionApproved, TenantCreated,
-    TenantLimitsChanged,
+    ALL_SCOPES, ApiKeyIssued, ApiKeyRevoked, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
+    ModelRevisionRetired, TenantCreated, TenantLimitsChanged,
 )
 from models.quota import LIMIT_FIELDS, MAX_WINDOW_S
 from models.registry import Registry, hash_secret
@@ -157,6 +157,8 @@ def approve_model(
     allowed_tenants: tuple[str, ...] = ("*",),
 ) -> list[Envelope]:
     registry = view.refresh()
+    if model_revision in registry.retired:
+        raise AdminConflict(f"model revision {model_revision!r} is retired; approve the model under a new revision")
     events = []
     if model_revision not in registry.revisions:
         events.append(_admin_event(ModelRevisionApproved(
@@ -207,10 +209,36 @@ def set_alias(view: RegistryView, *, alias: str, model_revision: str, actor: str
     registry = view.refresh()
     if model_revision not in registry.revisions:
         raise AdminNotFound(f"model revision {model_revision!r} is not approved")
+    if model_revision in registry.retired:
+        raise AdminConflict(f"model revision {model_revision!r} is retired")
     unknown = set(allowed_tenants) - set(registry.tenants) - {"*"}
     if unknown:
         raise AdminNotFound(f"unknown tenants: {sorted(unknown)}")
     env = _admin_event(ModelAliasSet(alias=alias, model_revision=model_revision,
                                      allowed_tenants=tuple(allowed_tenants), actor=actor), PLATFORM)
+    _append(view._log, env)
+    return env
+
+
+def retire_revision(view: RegistryView, *, model_revision: str, actor: str, reason: str | None = None) -> Envelope:
+    """Stops new work on a revision: aliases pointing at it resolve to nothing until
+    re-pointed, and requests already pinned to it are rejected at admission; generations
+    running on it finish. Final: a retired revision is never approved again, since its
+    name stands for one model and engine in usage and audit (approve a new revision)."""
+    registry = view.refresh()
+    if model_revision not in registry.revisions:
+        raise AdminNotFound(f"model revision {model_revision!r} is not approved")
+    if model_revision in registry.retired:
+        raise AdminConflict(f"model revision {model_revision!r} is already retired")
+    env = _admin_event(ModelRevisionRetired(model_revision=model_revision, actor=actor, reason=reason), PLATFORM)
+    _append(view._log, env)
+    return env
+
+
+def delete_alias(view: RegistryView, *, alias: str, actor: str) -> Envelope:
+    """Removes an alias for every tenant; requests for it are then unknown models (404)."""
+    if alias not in view.refresh().aliases:
+        raise AdminNotFound(f"alias {alias!r} does not exist")
+    env = _admin_event(ModelAliasDeleted(alias=alias, actor=actor), PLATFORM)
     _append(view._log, env)
     return env

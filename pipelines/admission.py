@@ -114,6 +114,9 @@ def handle_requested(
     if revision is None:
         return reject(env, Reject("unknown_model", f"model revision {req.model_revision} is not approved"),
                       book=book, now=now)
+    if req.model_revision in registry.retired:  # retired after the request was pinned to it
+        return reject(env, Reject("model_retired", f"model revision {req.model_revision} is retired"),
+                      book=book, now=now)
     limits = registry.limits_for(env.tenant_id)
     ask = Ask(input_tokens=req.input_tokens, max_output_tokens=req.max_output_tokens,
               cost_micros=cost_micros(revision, req.input_tokens, req.max_output_tokens),

@@ -69,6 +69,13 @@ def submit_generation(
     `fleet`: where the live workers are known; a revision no live worker serves is refused
     (503) before anything is written, rather than left to wait until its deadline."""
     revision = registry.resolve_alias(cmd.model_alias, principal.tenant_id)
+    retired = registry.retired_behind(cmd.model_alias, principal.tenant_id) if revision is None else None
+    if retired is not None:
+        # Gone on purpose, unlike a typo (404) or load (503): retrying will not help until
+        # an admin points the alias at another revision.
+        why = registry.retired[retired]
+        raise SubmissionError(410, "model_retired", f"The model '{cmd.model_alias}' points at revision {retired}, "
+                              f"which is retired{': ' + why if why else ''}", "model")
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
     prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)

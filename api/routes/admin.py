@@ -92,6 +92,11 @@ class AliasBody(BaseModel):
     allowed_tenants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
 
 
+class RetireBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, max_length=500)
+
+
 def tenant_json(registry, tenant_id: str) -> dict:
     tenant = registry.tenants.get(tenant_id)
     if tenant is None:
@@ -156,3 +161,17 @@ def set_alias(alias: str, body: AliasBody, actor: ActorDep, svc: ServicesDep):
     run(admin.set_alias, view=svc.registry_view, alias=alias, model_revision=body.model_revision, actor=actor,
         allowed_tenants=tuple(body.allowed_tenants))
     return {"alias": alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}
+
+
+@router.post("/models/{model_revision:path}/retire")  # a revision name may hold a '/'; the route is unambiguous
+def retire_revision(model_revision: str, actor: ActorDep, svc: ServicesDep, body: RetireBody | None = None):
+    """New work on the revision is refused (410 `model_retired`); running work finishes."""
+    reason = body.reason if body else None
+    run(admin.retire_revision, view=svc.registry_view, model_revision=model_revision, actor=actor, reason=reason)
+    return {"model_revision": model_revision, "retired": True, "reason": reason}
+
+
+@router.delete("/aliases/{alias}")
+def delete_alias(alias: str, actor: ActorDep, svc: ServicesDep):
+    run(admin.delete_alias, view=svc.registry_view, alias=alias, actor=actor)
+    return {"alias": alias, "deleted": True}
