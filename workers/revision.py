@@ -20,7 +20,17 @@ def revision_to_serve(registry: Registry, *, revision: str | None = None,
                       alias: str | None = None, model_path: Path | None = None,
                       config_hash: str | None = None) -> Revision:
     """The approved revision to serve. With neither `revision` nor `alias`: the revision
-    approved for the configured model (`model_path` with the engine's `config_hash`)."""
+    approved for the configured model (`model_path` with the engine's `config_hash`). A
+    retired revision is served by nobody new: no work can be pinned to it any more."""
+    found = _revision_to_serve(registry, revision=revision, alias=alias, model_path=model_path,
+                               config_hash=config_hash)
+    if found.model_revision in registry.retired:
+        raise UnknownRevision(f"model revision {found.model_revision!r} is retired; no new work can reach it")
+    return found
+
+
+def _revision_to_serve(registry: Registry, *, revision: str | None, alias: str | None, model_path: Path | None,
+                       config_hash: str | None) -> Revision:
     if revision is not None:
         found = registry.revisions.get(revision)
         if found is None:

@@ -35,6 +35,14 @@ def test_what_is_not_approved_is_refused_with_a_clear_error(ask):
         revision_to_serve(registry(), **ask)
 
 
+def test_a_retired_revision_is_served_by_no_new_worker():
+    reg = registry()
+    reg.retired["tiny@1"] = "superseded"
+    with pytest.raises(UnknownRevision, match="retired"):
+        revision_to_serve(reg, revision="tiny@1")
+    assert revision_to_serve(reg, revision="small@2").model_revision == "small@2"
+
+
 def test_an_engine_that_hashes_differently_is_refused():
     engine = FakeEngine(hold=False)  # hashes to "fake"
     with pytest.raises(EngineMismatch, match="fake.*h1"):
