@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from api.fleet_report import fleet_report
 from models.events_fleet import Capacity
-from pipelines.fleet import FleetView
+from pipelines.fleet import FleetView, wall_clock
 from tests.conftest import make_log_opener
 from tests.helpers import wait_until
 from workers.fleet_presence import FleetPresence, Load, WorkerIdentity
@@ -82,3 +84,30 @@ def test_fleet_status_shows_live_lost_and_left_workers(kind, tmp_path):
             presence.silence()
         for log in logs:
             log.close()
+
+
+@pytest.mark.parametrize("kind", ["embedded", "kafka"])
+def test_a_view_reaching_back_shows_workers_silent_or_gone_before_its_window(kind, tmp_path):
+    """What `--since` relies on: read a minute later (a clock ahead), the default window holds
+    nothing of two workers, one that went silent and one that left; a view reaching back
+    two minutes shows them lost and left."""
+    opener = make_log_opener(kind, tmp_path)
+    log = opener()
+    identity = dict(pool="interactive", model_revision="rev-x", engine_config_hash="h", capacity=CAP)
+    silent = FleetPresence(log, WorkerIdentity(worker_id="silent", **identity), lambda: LOAD, interval_s=1.0)
+    gone = FleetPresence(log, WorkerIdentity(worker_id="gone", **identity), lambda: LOAD, interval_s=1.0)
+    try:
+        for presence in (silent, gone):
+            presence.start()
+            presence.beat()
+        silent.silence()
+        gone.close("scaled-in", exit_code=0)
+        a_minute_on = lambda: wall_clock() + timedelta(seconds=60)  # noqa: E731
+        with FleetView(opener(), clock=a_minute_on) as narrow:
+            assert narrow.refresh().all() == []
+        with FleetView(opener(), clock=a_minute_on, look_back_s=120, max_read_s=15) as wide:
+            report = fleet_report(wide.refresh().all(), a_minute_on(), wide.lost_after_s)
+        assert {w.worker_id: w.status for w in report.workers} == {"silent": "lost", "gone": "left"}
+        assert all(w.last_heartbeat_age_s >= 60 for w in report.workers)
+    finally:
+        log.close()
