@@ -15,6 +15,7 @@ from api.routes import generations, metrics as metrics_routes, openai_compat, st
 from api.routes import admin as admin_routes, models as model_routes
 from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
+from api.routes import fleet as fleet_routes
 from api.stream_hub import StreamHub
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
@@ -94,6 +95,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(summarizations.router)
     app.include_router(usage_routes.router)
     app.include_router(audit_routes.router)
+    app.include_router(fleet_routes.router)
 
     @app.get("/healthz")
     async def healthz():

@@ -39,14 +39,17 @@ def wall_clock() -> datetime:
 class FleetView:
     def __init__(self, log: EventLog, *, lost_after_s: float | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], datetime] = wall_clock,
-                 forget_after_s: float = 600.0, max_records: int = 5000, max_read_s: float = 0.5):
+                 forget_after_s: float = 600.0, max_records: int = 5000, max_read_s: float = 0.5,
+                 look_back_s: float = 0.0):
         self._log = log
         self.lost_after_s = lost_after_s  # None: three of each worker's own heartbeat intervals
         self._interval_s = interval_s
         self._clock = clock
         # How far back a worker alive now last beat: the read-back window, less one interval.
         self._silence_s = lost_after_s if lost_after_s is not None else LOST_AFTER_INTERVALS * interval_s
-        self._forget_after = timedelta(seconds=max(forget_after_s, self._silence_s))
+        self._forget_after = timedelta(seconds=max(forget_after_s, self._silence_s, look_back_s))
+        # A reader that shows workers lost or gone within `look_back_s` starts that far back.
+        self._look_back_s = max(self._silence_s + interval_s, look_back_s)
         self._max_records, self._max_read_s = max_records, max_read_s
         self._state = FleetState()
         self._tail: Tail | None = None
@@ -80,7 +83,7 @@ class FleetView:
         if self._tail is None:
             name = topics.FLEET.name
             tail = self._log.tail(name, {p: 0 for p in range(self._log.partitions(name))})
-            since = self._clock() - timedelta(seconds=self._silence_s + self._interval_s)
+            since = self._clock() - timedelta(seconds=self._look_back_s)
             tail.seek_to_time(int(since.timestamp() * 1000))
             self._tail = tail
         return self._tail
