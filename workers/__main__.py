@@ -155,7 +155,9 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
     finally:
         runner.close()
         log.close()
-    return 0
+    if worker.engine_dead:  # non-zero, for its supervisor to restart it on a fresh engine
+        print(f"ledgerlm serve worker: the engine died ({worker.engine_death}); exiting", file=sys.stderr)
+    return worker.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
