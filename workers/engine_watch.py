@@ -48,27 +48,32 @@ class EngineWatch:
         self._lock = threading.Lock()
         self._missed = 0
         self._on_dead: list[Callable[[str], None]] = []
+        self._told = False  # the callbacks ran
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a death to tell, or the watch stops
         self._thread: threading.Thread | None = None
 
     @property
     def dead(self) -> bool:
+        """Whether the engine is dead; reads vLLM's own state too, so a worker that asks
+        before each take never takes work on an engine that died since the last tick."""
+        if not self._dead.is_set() and engine_errored(self._engine):
+            self._declare("the engine says it is dead")
         return self._dead.is_set()
 
     def wait_dead(self, timeout_s: float) -> bool:
         return self._dead.wait(timeout_s)
 
     def on_dead(self, callback: Callable[[str], None]) -> None:
-        """`callback(reason)` runs once, on the thread that found the engine dead."""
+        """`callback(reason)` runs once the engine is found dead, on the watch's thread (or
+        on the caller's of `check`, before the watch starts)."""
         self._on_dead.append(callback)
 
     def check(self) -> bool:
         """One look now: vLLM's own state, then a health call (bounded by `timeout_s`).
         True while the engine lives."""
         if self.dead:
-            return False
-        if engine_errored(self._engine):
-            self._declare("the engine says it is dead")
+            self._tell_unless_watching()
             return False
         try:
             answer = self._runner.submit_nowait(self._engine.health())
@@ -82,13 +87,13 @@ class EngineWatch:
             self._missed += 1
             if self._missed >= self.misses:
                 self._declare(f"{self._missed} health calls in a row unanswered within {self.timeout_s:g}s")
-            return not self.dead
         except Exception as exc:
             self._declare(f"its health call raised {exc!r}")
-            return False
-        self._missed = 0
-        if not healthy:
-            self._declare("its health call says unhealthy")
+        else:
+            self._missed = 0
+            if not healthy:
+                self._declare("its health call says unhealthy")
+        self._tell_unless_watching()
         return not self.dead
 
     def start(self, name: str = "engine-watch") -> None:
@@ -98,28 +103,43 @@ class EngineWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.timeout_s + 1)
 
     def _run(self) -> None:
         next_call = time.monotonic() + self.interval_s
-        while not self._stop.wait(self.TICK_S) and not self.dead:
-            if engine_errored(self._engine):
-                self._declare("the engine says it is dead")
-            elif time.monotonic() >= next_call:
+        while not self._stop.is_set() and not self.dead:
+            if time.monotonic() >= next_call:
                 self.check()
                 next_call = time.monotonic() + self.interval_s
+            self._wake.wait(self.TICK_S)
+        if self._dead.is_set():
+            self._tell()
 
     def _declare(self, reason: str) -> None:
+        """Marks the engine dead, from any thread (the engine's loop too): at once, and
+        without blocking. The callbacks run on the watch's thread (`_tell`)."""
         with self._lock:
-            if self.dead:
+            if self._dead.is_set():
                 return
             self.reason = reason
             self._dead.set()
         logger.error("engine dead: %s", reason)
+        self._wake.set()
+
+    def _tell_unless_watching(self) -> None:
+        if self._dead.is_set() and self._thread is None:
+            self._tell()
+
+    def _tell(self) -> None:
+        with self._lock:
+            if self._told:
+                return
+            self._told = True
         for callback in self._on_dead:
             try:
-                callback(reason)
+                callback(self.reason or "")
             except Exception:
                 logger.exception("reacting to the engine's death failed")
 
@@ -172,8 +192,9 @@ class WatchedEngine(InferenceEngine):
                 except EngineDead:
                     raise
                 except Exception as exc:
-                    # vLLM fails every request of a dead engine before a watch may look.
-                    if self._watch.dead or engine_errored(self.inner):
+                    # vLLM fails every request of a dead engine before the watch's next tick;
+                    # asking it marks the engine dead at once, before this slot frees.
+                    if self._watch.dead:
                         raise self._dead(exc) from exc
                     raise
                 finally:
