@@ -4,6 +4,7 @@ process died), or it stops answering at all."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from tests.fake_engine import FakeEngine
 from workers.engine import EngineDelta, EngineError
@@ -62,3 +63,20 @@ async def _first(*waits):
     finally:
         for task in tasks:
             task.cancel()
+
+
+class MarkedEngine(DyingEngine):
+    """For `serve worker` in a process of its own (`LEDGERLM_ENGINE_FACTORY` names
+    `from_settings`): serves at once, and its health call turns false once the file
+    `engine-dies` appears in the platform's home."""
+
+    def __init__(self, marker: Path):
+        super().__init__(hold=False)
+        self.marker = marker
+
+    @classmethod
+    def from_settings(cls, settings) -> MarkedEngine:
+        return cls(Path(settings.home) / "engine-dies")
+
+    async def health(self):
+        return await super().health() and not self.marker.exists()

@@ -2,10 +2,15 @@
 nothing more, each of its running generations ends failed (`engine_dead`) and settles
 within seconds, it says on the fleet topic that it left, its run ends with a non-zero exit
 code, and the work it had read ahead but not taken is served by the other worker. A
-worker whose engine is dead from the start takes nothing. Fake engines that die as vLLM's
+worker whose engine is dead from the start takes nothing. `serve worker`, in a process
+of its own, exits non-zero when its engine dies. Fake engines that die as vLLM's
 does (`tests.dying_engine`); admission settles; both logs."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -25,7 +30,7 @@ from tests.conftest import make_log_opener
 from tests.dying_engine import DyingEngine
 from tests.fake_engine import FakeEngine, queue_work
 from tests.harness import Loop
-from tests.helpers import wait_until
+from tests.helpers import ROOT, Launched, wait_until
 from workers.engine_runner import EngineRunner
 from workers.engine_watch import EXIT_ENGINE_DEAD
 from workers.interactive import InteractiveWorker
@@ -225,3 +230,33 @@ def test_a_worker_whose_engine_is_dead_from_the_start_takes_nothing(fleet):
     fleet.loop(fleet.worker(live_engine, "live"))
     wait_until(lambda: terminal_of(fleet, "waiting-1"), 60, what="a live worker to serve the waiting work")
     assert live_engine.started == ["waiting-1"]
+
+
+@pytest.mark.parametrize("kind", ["embedded", "kafka"])
+def test_serve_worker_exits_non_zero_when_its_engine_dies_and_says_it_left(kind, tmp_path):
+    open_log = make_log_opener(kind, tmp_path)
+    settings = open_log.settings
+    revision = f"fake@{uuid.uuid4().hex[:8]}"
+    with open_log() as log:
+        admin.approve_model(RegistryView(log), alias="fake", model_revision=revision, model_path=str(tmp_path),
+                            engine_config_hash="fake", max_model_len=512, actor="tests")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "LEDGERLM_HOME": str(tmp_path),
+           "LEDGERLM_EVENT_LOG_URL": settings.event_log_url,
+           "LEDGERLM_EVENT_LOG_NAMESPACE": settings.event_log_namespace,
+           "LEDGERLM_ENGINE_FACTORY": "tests.dying_engine:MarkedEngine.from_settings", "LEDGERLM_CPUS": "all",
+           "LEDGERLM_WORKER_ADMITS": "0"}
+    with Launched([sys.executable, "-m", "workers", "serve", "worker", "--revision", revision], env=env,
+                  ready='"ready": true', ready_s=120) as worker:
+        worker_id = json.loads(worker.ready_line)["worker"]
+        (tmp_path / "engine-dies").touch()
+        try:
+            code = worker.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the worker outlived its engine: {worker.shown()}") from None
+        assert code == EXIT_ENGINE_DEAD, worker.shown()
+        assert "the engine died" in worker.output()
+    with open_log() as log:
+        said = [decode(r.value).payload for r in log.read_topic(topics.FLEET.name)]
+    said = [p for p in said if getattr(p, "worker_id", "") == worker_id]
+    assert type(said[0]).__name__ == "WorkerJoined" and type(said[-1]).__name__ == "WorkerLeft"
+    assert (said[-1].reason, said[-1].exit_code) == ("engine_dead", EXIT_ENGINE_DEAD)
