@@ -80,3 +80,9 @@ class MarkedEngine(DyingEngine):
 
     async def health(self):
         return await super().health() and not self.marker.exists()
+
+
+async def wedge(release) -> None:
+    """On an engine's loop: blocks it until `release` (a threading.Event) is set, as a
+    wedged engine would; nothing else runs there meanwhile."""
+    release.wait(120)

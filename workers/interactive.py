@@ -447,10 +447,12 @@ class InteractiveWorker:
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Lets running generations finish; queued ones stay uncommitted for the next owner.
         With its engine dead, they have failed already, or fail here (`_fail_stranded`)."""
-        dead = self.engine_dead
-        deadline = time.monotonic() + (min(drain_timeout_s, self.DEAD_DRAIN_S) if dead else drain_timeout_s)
+        deadline, cut = time.monotonic() + drain_timeout_s, False
         while self.in_flight and time.monotonic() < deadline:
+            if self.engine_dead and not cut:  # a dead engine's generations end at once, or never
+                cut, deadline = True, min(deadline, time.monotonic() + self.DEAD_DRAIN_S)
             time.sleep(0.05)
+        dead = self.engine_dead
         if dead:
             self._fail_stranded()
         self._watch.stop()

@@ -27,7 +27,7 @@ from pipelines.admission import AdmissionProcessor
 from pipelines.eventlog import partition_for
 from pipelines.routing import publish
 from tests.conftest import make_log_opener
-from tests.dying_engine import DyingEngine
+from tests.dying_engine import DyingEngine, wedge
 from tests.fake_engine import FakeEngine, queue_work
 from tests.harness import Loop
 from tests.helpers import ROOT, Launched, wait_until
@@ -230,6 +230,29 @@ def test_a_worker_whose_engine_is_dead_from_the_start_takes_nothing(fleet):
     fleet.loop(fleet.worker(live_engine, "live"))
     wait_until(lambda: terminal_of(fleet, "waiting-1"), 60, what="a live worker to serve the waiting work")
     assert live_engine.started == ["waiting-1"]
+
+
+def test_a_wedged_engine_s_running_work_is_failed_by_the_worker_itself(fleet):
+    engine = DyingEngine(hold=True)
+    wedged = fleet.worker(engine, "wedged")
+    wedged._watch.timeout_s = 0.2  # noqa: SLF001 - three unanswered health calls in a row: dead
+    served = fleet.serve(wedged)
+    tenant = fleet.tenant()
+    fleet.request(tenant, "stuck-1")
+    wait_until(lambda: engine.started == ["stuck-1"] and starts_by(fleet, wedged.worker_id), 60,
+               what="the generation to run")
+    release = threading.Event()
+    fleet.runners[-1].submit_nowait(wedge(release))
+    try:
+        # Nothing runs on the engine's loop now: the worker writes the failure itself.
+        served["thread"].join(30)
+        assert served.get("exit_code") == EXIT_ENGINE_DEAD
+        end = terminal_of(fleet, "stuck-1")
+        assert end is not None and end.event_type == "GenerationFailed" and end.payload.error_code == "engine_dead"
+        wait_until(lambda: settled(fleet, "stuck-1"), 30, what="the failure to settle")
+        assert "unanswered" in wedged.engine_death
+    finally:
+        release.set()
 
 
 @pytest.mark.parametrize("kind", ["embedded", "kafka"])

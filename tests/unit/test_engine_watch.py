@@ -40,6 +40,7 @@ def test_a_health_call_saying_unhealthy_makes_the_engine_dead_once(runner):
         assert not watch.dead
         runner.engine.healthy = False
         assert watch.wait_dead(5), "the watch did not see the unhealthy engine"
+        wait_until(lambda: deaths, 5, what="the watch to tell of the death")
         assert len(deaths) == 1 and "unhealthy" in deaths[0]
         assert not watch.check()
         assert len(deaths) == 1
@@ -53,6 +54,7 @@ def test_vllm_s_own_dead_state_is_seen_between_health_calls(runner):
     try:
         runner.submit(runner.engine.crash(), timeout=5)
         assert watch.wait_dead(5)
+        wait_until(lambda: deaths, 5, what="the watch to tell of the death")
         assert deaths == ["the engine says it is dead"]
     finally:
         watch.stop()
