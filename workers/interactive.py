@@ -210,7 +210,9 @@ class InteractiveWorker:
         return len(self._queue)
 
     def silence(self) -> None:
-        """Stops its heartbeats without saying it left (what a crash leaves behind)."""
+        """Stops its heartbeats and its engine watch without saying it left (what a crash
+        leaves behind)."""
+        self._watch.stop()
         if self._presence is not None:
             self._presence.silence()
 
