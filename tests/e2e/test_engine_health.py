@@ -20,7 +20,7 @@ import pytest
 
 from models import topics
 from models.events import decode, new_event
-from models.events_generation import GenerationRequested, Position, PromptSubmitted
+from models.events_generation import GenerationRequested, Position, PromptSubmitted, Sampling
 from pipelines import admin
 from pipelines.admin import RegistryView
 from pipelines.admission import AdmissionProcessor
@@ -60,10 +60,12 @@ class Fleet:
         self.logs.append(log)
         return log
 
-    def worker(self, engine, name: str) -> InteractiveWorker:
-        runner = EngineRunner(engine, name=f"{name}-engine").start()
+    def worker(self, engine, name: str, *, serving=None) -> InteractiveWorker:
+        """A worker on `engine` (started on a runner of its own), or on `serving`, a wrapper
+        of it that runs on the same loop."""
+        runner = EngineRunner(engine, name=f"{name}-engine").start(timeout=600)
         self.runners.append(runner)
-        return InteractiveWorker(self._log(), runner, engine, max_in_flight=2, take_ahead=0,
+        return InteractiveWorker(self._log(), runner, serving or engine, max_in_flight=2, take_ahead=0,
                                  worker_id=f"{name}-{uuid.uuid4().hex[:6]}", revision=REVISION,
                                  engine_config_hash="fake", cancel_log=self._log(), heartbeat_s=0.5,
                                  health_interval_s=0.2)
@@ -100,12 +102,12 @@ class Fleet:
                 admin.create_tenant(self.view, tenant_id=tenant, name=tenant, actor="tests")
                 return tenant
 
-    def request(self, tenant: str, request_id: str) -> None:
+    def request(self, tenant: str, request_id: str, *, max_output_tokens: int = 1) -> None:
         [prompt] = publish(self.log, topics.PROMPTS, [new_event(PromptSubmitted(request_id=request_id, prompt="p"),
                                                                 tenant_id=tenant, correlation_id=request_id)])
         req = GenerationRequested(
             request_id=request_id, model_alias="fake", model_revision=REVISION, input_tokens=1,
-            input_sha256="0" * 64, max_output_tokens=1,
+            input_sha256="0" * 64, max_output_tokens=max_output_tokens, sampling=Sampling(ignore_eos=True),
             deadline_at=datetime.now(timezone.utc) + timedelta(seconds=300),
             prompt_ref=Position(topic=prompt.topic, partition=prompt.partition, offset=prompt.offset))
         publish(self.log, topics.REQUESTS, [new_event(req, tenant_id=tenant, correlation_id=request_id)])
