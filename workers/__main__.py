@@ -140,7 +140,7 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                                    revision=serving.model_revision, engine_config_hash=config_hash)
         close_admission = admit_beside(worker, settings, stop) if settings.worker_admits else None
         worker.join()
-        print(json.dumps({"worker": worker.worker_id, "ready": True, "admits": close_admission is not None,
+        print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead, "admits": close_admission is not None,
                           "revision": serving.model_revision,
                           "cpus": format_cpu_list(cpus) if cpus else None,
                           "engine_cpus": format_cpu_list(engine_cpus) if engine_cpus else None}), flush=True)
@@ -155,7 +155,9 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
     finally:
         runner.close()
         log.close()
-    return 0
+    if worker.engine_dead:  # non-zero, for its supervisor to restart it on a fresh engine
+        print(f"ledgerlm serve worker: the engine died ({worker.engine_death}); exiting", file=sys.stderr)
+    return worker.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

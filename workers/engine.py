@@ -44,6 +44,11 @@ class EngineError(Exception):
     """The engine could not serve a request (dead, overloaded, or failed mid-stream)."""
 
 
+class EngineDead(EngineError):
+    """The engine is gone (its process died, or it stopped answering): nothing more runs on
+    it. A worker's running generations fail with it (`engine_dead`), and the worker leaves."""
+
+
 class EngineMismatch(Exception):
     """A worker's engine would not produce the revision it was asked to serve (its config
     hash differs from the approved one); retrying cannot help."""
@@ -73,6 +78,11 @@ class InferenceEngine(abc.ABC):
 
     @abc.abstractmethod
     async def health(self) -> bool: ...
+
+    def errored(self) -> bool:
+        """The engine's own word that it died (vLLM's errored state), readable from any
+        thread without a call on its loop. An engine with no such state says False."""
+        return False
 
     @abc.abstractmethod
     def count_tokens(self, text: str) -> int:

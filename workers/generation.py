@@ -19,7 +19,7 @@ from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, PromptSubmitted, Timings,
 )
 from pipelines.eventlog import EventLog
-from workers.engine import EngineDelta, EngineRequest, InferenceEngine
+from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine
 from workers.stream_writer import StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,8 @@ class _Generation:
             terminal = self._ending()
         except Exception as exc:  # the request fails; the worker goes on
             logger.exception("generation %s failed", self._req.request_id)
-            terminal = GenerationFailed(request_id=self._req.request_id, error_code="engine_error",
+            code = "engine_dead" if isinstance(exc, EngineDead) else "engine_error"
+            terminal = GenerationFailed(request_id=self._req.request_id, error_code=code,
                                         message=type(exc).__name__, input_tokens=self._req.input_tokens,
                                         output_tokens=self._output_tokens, timings=self._timings())
         finally:

@@ -21,6 +21,12 @@ passed in the queue ends there without running; running work is aborted on
 A worker can also be the `taker` of an admission processor in its process (`offer`):
 admitted work it can start at once (a free engine slot, the tenant within its share, and
 nothing queued that would come first) is taken in the admission's commit and never queued.
+
+It watches its engine (`workers.engine_watch`), and looks before its first take. Once the
+engine is dead it takes nothing more, its running generations fail (`engine_dead`) and
+settle, `run` returns and `close` says on the fleet topic that it left, with the exit code
+its process ends with (`exit_code`): what it read ahead but did not take stays uncommitted
+for the other workers of its revision.
 """
 from __future__ import annotations
 
@@ -42,10 +48,11 @@ from models.topics import Topic
 from pipelines.admission import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicPartition, TopicSpec
 from pipelines.idle_positions import IdlePositions
-from pipelines.routing import Outputs, to_outputs
+from pipelines.routing import Outputs, publish, to_outputs
 from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner
+from workers.engine_watch import EXIT_ENGINE_DEAD, EngineWatch, WatchedEngine
 from workers.fair_share import FairQueue, Headroom, Item
 from workers.generation import PRIORITY, fetch_prompt, serve_generation
 from workers.stream_writer import StreamWriter
@@ -96,13 +103,20 @@ class InteractiveWorker:
     QUEUED_WAIT_S = 0.01
     ABANDON_WAIT_S = 10.0  # the most a failed take waits for its generations to leave the engine
     IDLE_POSITIONS_S = 1.0  # the longest moved positions wait for a take to commit with (`IdlePositions`)
+    DEAD_DRAIN_S = 5.0  # the most `close` waits for generations of a dead engine to end on their own
 
     def __init__(self, log: EventLog, runner: EngineRunner, engine: InferenceEngine, *,
                  pool: str | None = None, max_in_flight: int | None = None, take_ahead: int | None = 0,
                  worker_id: str | None = None, quantum: int = 256, lookahead: int = 2000,
                  cancel_log: EventLog | None = None, stream_linger_s: float = 0.0,
-                 revision: str | None = None, engine_config_hash: str | None = None, heartbeat_s: float = 1.0):
+                 revision: str | None = None, engine_config_hash: str | None = None, heartbeat_s: float = 1.0,
+                 health_interval_s: float = 1.0):
         self._log, self._runner, self._engine = log, runner, engine
+        # Generations run on the watched engine: once it is found dead, they end at once.
+        self._watch = EngineWatch(runner, engine, interval_s=health_interval_s)
+        self._serving_engine = WatchedEngine(engine, self._watch, runner)
+        self._watching = False
+        self._serving: dict[str, tuple[Envelope, Future]] = {}  # running generations: start, take
         self.pool = pool or topics.SHARED_POOL
         self.worker_id = worker_id or f"{self.pool}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # The revision this worker's engine serves: it takes only work pinned to it, from
@@ -133,21 +147,49 @@ class InteractiveWorker:
             self, log, revision=revision, engine_config_hash=engine_config_hash or "", running=running,
             interval_s=heartbeat_s)
         self._joined = False
+        self._watch.on_dead(self._engine_died)
 
     @property
     def engine(self) -> InferenceEngine:
         return self._engine
 
     @property
+    def engine_dead(self) -> bool:
+        return self._watch.dead
+
+    @property
+    def engine_death(self) -> str | None:
+        """Why its engine was found dead (None while it lives)."""
+        return self._watch.reason
+
+    @property
+    def exit_code(self) -> int:
+        """What its process should exit with: non-zero once its engine died, for a
+        supervisor to restart it."""
+        return EXIT_ENGINE_DEAD if self.engine_dead else 0
+
+    @property
     def output_tokens(self) -> int:
         return self._writer.output_tokens
 
     def join(self) -> None:
-        """Announces this worker on the fleet topic and starts its heartbeats (once; the
-        first `run_once` does it, so a worker is warm before it says it serves)."""
-        if self._presence is not None and not self._joined:
+        """Looks at its engine and starts watching it, then announces this worker on the
+        fleet topic and starts its heartbeats (once; the first `run_once` does it, so a
+        worker is warm before it says it serves). A dead engine never joins."""
+        if not self._watching:
+            self._watching = True
+            if self._watch.check():
+                self._watch.start(name=f"{self.worker_id}-engine-watch")
+        if self._presence is not None and not self._joined and not self.engine_dead:
             self._joined = True
             self._presence.start()
+
+    def _engine_died(self, reason: str) -> None:
+        """On the watch's thread: `run_once` takes nothing from now on; the generations
+        waiting on the engine end now (`WatchedEngine`), and the fleet hears it drains."""
+        logger.error("%s: its engine died (%s); it takes no more work and leaves", self.worker_id, reason)
+        if self._presence is not None and self._joined:
+            self._presence.draining("engine_dead")
 
     def _reset(self, assigned: set) -> None:
         """Forgets everything read ahead; reading restarts at the committed positions."""
@@ -168,12 +210,17 @@ class InteractiveWorker:
         return len(self._queue)
 
     def silence(self) -> None:
-        """Stops its heartbeats without saying it left (what a crash leaves behind)."""
+        """Stops its heartbeats and its engine watch without saying it left (what a crash
+        leaves behind)."""
+        self._watch.stop()
         if self._presence is not None:
             self._presence.silence()
 
     def run_once(self, timeout_s: float = 0.2) -> int:
         self.join()
+        if self.engine_dead:  # it takes nothing more; `run` returns, `close` says why
+            time.sleep(timeout_s)
+            return 0
         room = self._lookahead - len(self._queue)
         # With work queued, a slot may free up any moment: look again soon. New work ends
         # the wait at once, so a light tenant's request is seen as it arrives.
@@ -197,6 +244,13 @@ class InteractiveWorker:
         if time.monotonic() >= self._next_sweep or self._cancels.pending_for(self._items):
             outputs += self._sweep(now)
         starting = self._choose(now, outputs)
+        if starting and self.engine_dead:
+            # It died while choosing: nothing is taken, and all of it stays on the log,
+            # uncommitted, for the other workers.
+            with self._slots_lock:
+                for item, _, _ in starting:
+                    self._slots.finished(item.tenant_id)
+            return 0
         offsets = self._positions.commit_offsets()
         # Positions that moved past records needing nothing (its own takes read back, work
         # someone else took) wait for the next take (`IdlePositions`).
@@ -342,7 +396,7 @@ class InteractiveWorker:
         share and no queued work comes first; otherwise None, and it is
         queued as usual. The engine starts at once; the generation writes nothing until the
         admission's commit is through (`Taking.resolve`)."""
-        if work_topic.name not in self._topics:
+        if work_topic.name not in self._topics or self.engine_dead:
             return None
         req = queued.payload.request
         with self._slots_lock:
@@ -373,29 +427,57 @@ class InteractiveWorker:
         the take fails); it writes nothing until `taken` resolves True."""
         prompt = self._io.submit(fetch_prompt, self._log, item.value.queued.payload.request.prompt_ref)
         self._cancels.in_flight[started.payload.request_id] = ""
+        self._serving[started.payload.request_id] = (started, taken)
         return self._runner.submit_nowait(self._serve(item, started, priority, prompt, taken))
 
     async def _serve(self, item: WorkItem, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:
-            ended = await serve_generation(self._engine, self._cancels, item.value.queued, started_env, self._writer,
-                                           prompt, taken, priority=priority)
+            ended = await serve_generation(self._serving_engine, self._cancels, item.value.queued, started_env,
+                                           self._writer, prompt, taken, priority=priority)
             self.served += ended
         finally:
+            self._serving.pop(started_env.payload.request_id, None)
             self._cancels.in_flight.pop(started_env.payload.request_id, None)
             with self._slots_lock:
                 self._slots.finished(item.tenant_id)
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
+        """Serves until `stop` is set or its engine dies (`exit_code` then says so)."""
+        while not stop.is_set() and not self.engine_dead:
             self.run_once()
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
-        """Lets running generations finish; queued ones stay uncommitted for the next owner."""
-        deadline = time.monotonic() + drain_timeout_s
+        """Lets running generations finish; queued ones stay uncommitted for the next owner.
+        With its engine dead, they have failed already, or fail here (`_fail_stranded`)."""
+        deadline, cut = time.monotonic() + drain_timeout_s, False
         while self.in_flight and time.monotonic() < deadline:
+            if self.engine_dead and not cut:  # a dead engine's generations end at once, or never
+                cut, deadline = True, min(deadline, time.monotonic() + self.DEAD_DRAIN_S)
             time.sleep(0.05)
+        dead = self.engine_dead
+        if dead:
+            self._fail_stranded()
+        self._watch.stop()
         if self._presence is not None and self._joined:
-            self._presence.close("shutdown")
+            if dead:
+                self._presence.close("engine_dead", exit_code=self.exit_code)
+            else:
+                self._presence.close("shutdown")
         self._cancels.stop()
         self._consumer.close()
         self._io.shutdown(wait=False)
+
+    def _fail_stranded(self) -> None:
+        """Ends, from here, the taken generations a dead engine left hanging (its loop no
+        longer runs them): failed, with what reached the log of them counted by nobody, so
+        their reservations settle now instead of at deadline + grace."""
+        for request_id, (started, taken) in list(self._serving.items()):
+            if not (taken.done() and taken.result()):
+                continue  # never taken: nothing of it is on the log
+            terminal = caused_by(started, GenerationFailed(
+                request_id=request_id, error_code="engine_dead", message="the engine died mid-generation"))
+            try:
+                publish(self._log, topics.OUTCOMES, [terminal])
+                publish(self._log, topics.STREAM, [terminal])
+            except Exception:
+                logger.exception("%s: could not end %s; it expires at its deadline", self.worker_id, request_id)

@@ -272,6 +272,12 @@ class VllmEngine(InferenceEngine):
             return False
         return not self._llm.errored
 
+    def errored(self) -> bool:
+        # AsyncLLM's monitor thread marks the engine dead as soon as its EngineCore process
+        # exits; reading the flag is safe from any thread.
+        llm = self._llm
+        return llm is not None and bool(llm.errored)
+
     def count_tokens(self, text: str) -> int:
         # Our own tokenizer instance: the engine's is used on its loop, and a Rust-backed
         # tokenizer raises "Already borrowed" when two threads encode at once.
