@@ -122,4 +122,8 @@ def failure_error(failed: GenerationFailed) -> ApiError:
     """A generation that failed after admission, as the error of a non-streamed response."""
     if failed.error_code in ("expired", "deadline_expired"):
         return ApiError(504, failed.message, code=failed.error_code)
+    if failed.error_code in ("engine_dead", "worker_lost"):
+        # The worker went away, not the request: another worker may serve it if sent again.
+        return ApiError(503, "The worker serving this generation went away; send it again",
+                        code=failed.error_code, headers={"Retry-After": "1"})
     return ApiError(500, "The generation failed", code=failed.error_code)
