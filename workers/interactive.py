@@ -167,6 +167,11 @@ class InteractiveWorker:
     def queued(self) -> int:
         return len(self._queue)
 
+    def queued_work(self) -> list[Envelope]:
+        """The `GenerationQueued` of what it read ahead and has not taken (for metrics, from
+        any thread: one copy of the dict, which the worker's thread changes meanwhile)."""
+        return [item.value.queued for item in list(self._items.values())]
+
     def silence(self) -> None:
         """Stops its heartbeats without saying it left (what a crash leaves behind)."""
         if self._presence is not None:
