@@ -1,18 +1,23 @@
 """The deployed entrypoints serve `/metrics` on `LEDGERLM_METRICS_PORT`: `ledgerlm serve
-admission`, `serve projector`, `serve batch-dispatcher` and `serve batch-worker` (whose
-Celery child runs the chunks and serves their series), each its own process on the
-embedded defaults under one home, driven a little and scraped over HTTP."""
+admission`, `serve projector`, `serve batch-dispatcher`, `serve batch-worker` (whose
+Celery child runs the chunks and serves their series) and `python -m workers serve worker`
+(on a fake engine), each its own process on the embedded defaults under one home, driven
+a little and scraped over HTTP."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import uuid
+from types import SimpleNamespace
 
 import httpx
 
 from models import batch_keys, topics
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
+from tests.fake_engine import FakeEngine, queue_work
 from tests.harness import free_port, open_isolated_log
 from tests.helpers import Launched
 from tests.integration.test_process_metrics import labels, request_for
@@ -102,3 +107,52 @@ def test_batch_worker_child_serves_the_chunks_it_ran(tmp_path):
     finally:
         worker.stop()
 
+
+
+class DeployedFakeEngine(FakeEngine):
+    """The fake engine as `LEDGERLM_ENGINE_FACTORY` names it for a deployed worker process."""
+
+    config = SimpleNamespace(max_num_seqs=4)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "DeployedFakeEngine":
+        return cls(hold=False)
+
+    def compute_cpus(self) -> set[int]:
+        return set()
+
+    def pin_to_compute_cpus(self) -> set[int]:
+        return set()
+
+
+def test_a_worker_process_that_admits_serves_worker_and_admission_metrics(tmp_path):
+    home = tmp_path / "home"
+    model = tmp_path / "model"
+    model.mkdir()
+    port = free_port()
+    env = environment(home, LEDGERLM_METRICS_PORT=str(port), LEDGERLM_MODEL=str(model), LEDGERLM_WORKER_ADMITS="1",
+                      LEDGERLM_ENGINE_FACTORY=f"{__name__}:DeployedFakeEngine.from_settings")
+    approved = subprocess.run([sys.executable, "-m", "workers", "model", "approve"], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert approved.returncode == 0, approved.stderr
+    revision = json.loads(approved.stdout)["model_revision"]
+    worker = Launched([sys.executable, "-m", "workers", "serve", "worker"], env=env, ready='"ready": true',
+                      ready_s=120)
+    log = open_isolated_log("embedded", home)
+    try:
+        assert json.loads(worker.ready_line)["metrics_port"] == port
+        for _ in range(2):
+            queue_work(log, "t-metrics", "req_" + uuid.uuid4().hex[:12], topic=topics.work_topic(None, "normal",
+                                                                                                 revision))
+        request_for(log, "t-nobody")  # its admission rejects it: no such tenant
+        mine = {"pool": "interactive", "revision": revision}
+        found = worker.wait_until(lambda: (f := scraped(port)) and f.get(
+            ("ledgerlm_worker_output_tokens_total", labels(**mine))) == 2 and f.get(
+            ("ledgerlm_admission_processor_decisions_total", labels(outcome="rejected", reason="tenant_disabled")))
+            and f, 60, what="both generations' tokens and the rejection counted")
+        assert found[("ledgerlm_worker_queued", labels(**mine, priority="normal"))] == 0
+        assert found[("ledgerlm_worker_free_slots", labels(**mine))] >= 4
+        assert not any(name.startswith("ledgerlm_engine_") for name, _ in found), "a fake engine keeps no stats"
+    finally:
+        worker.stop()
+        log.close()
