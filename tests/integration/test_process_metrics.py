@@ -137,12 +137,16 @@ def test_worker_serves_its_queue_slots_tokens_and_engine_stats(open_log):
         for _ in range(3):
             queue_work(log, "t-metrics", "req_" + uuid.uuid4().hex[:12])
         run_until(worker, lambda: worker.in_flight == 1 and worker.queued == 2, "one taken, two read ahead")
-        # What vLLM's stat logger hands the engine each step (the fields read, as 0.32 names them).
-        scheduler = SimpleNamespace(kv_cache_usage=0.25, num_running_reqs=1, num_waiting_reqs=2,
-                                    num_skipped_waiting_reqs=0,
-                                    iteration_details=SimpleNamespace(elapsed_ms=3.0, is_dummy=False))
-        runner.submit_nowait(_record(engine.stats, scheduler, SimpleNamespace(num_preempted_reqs=1,
-                                                                              num_generation_tokens=5)))
+        # What vLLM hands its stat loggers after a step (its own classes: their fields are read).
+        from vllm.v1.metrics.stats import IterationStats, SchedulerIterationDetails, SchedulerStats
+
+        scheduler = SchedulerStats(kv_cache_usage=0.25, num_running_reqs=1, num_waiting_reqs=2,
+                                   iteration_details=SchedulerIterationDetails(
+                                       iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
+                                       num_generation_requests=1, num_generation_tokens=1, elapsed_ms=3.0))
+        iteration = IterationStats()
+        iteration.num_preempted_reqs, iteration.num_generation_tokens = 1, 5
+        runner.submit_nowait(_record(engine.stats, scheduler, iteration))
         found = wait_until(lambda: (f := scrape(server)).get(("ledgerlm_engine_step_seconds_count",
                                                                labels(pool="interactive", revision=""))) and f,
                            30, what="the engine's stats recorded")
