@@ -239,3 +239,25 @@ def test_api_serves_live_workers_and_free_slots_per_pool_and_revision(tmp_path, 
         thread.join(15)
         worker.close(drain_timeout_s=5)
         runner.close()
+
+
+def test_a_vllm_worker_serves_the_engines_own_stats(engine_runner, open_log):
+    """The session's vLLM engine reports its steps to the worker's metrics (stats are on by default)."""
+    log = open_log()
+    worker = InteractiveWorker(log, engine_runner, engine_runner.engine, max_in_flight=2, take_ahead=0,
+                               worker_id="vllm-metrics-worker", cancel_log=open_log())
+    server = MetricsServer(worker_metrics(worker), port=0)
+    mine = labels(pool="interactive", revision="")
+    try:
+        steps_before = scrape(server)[("ledgerlm_engine_step_seconds_count", mine)]
+        queue_work(log, "t-metrics", "req_" + uuid.uuid4().hex[:12])
+        run_until(worker, lambda: worker.output_tokens >= 1 and not worker.in_flight, "the generation to end")
+        found = wait_until(lambda: (f := scrape(server))[("ledgerlm_engine_step_seconds_count", mine)] > steps_before
+                           and f, 30, what="the engine's steps counted")
+        assert found[("ledgerlm_engine_step_seconds_sum", mine)] > 0
+        assert 0 <= found[("ledgerlm_engine_kv_cache_usage", mine)] <= 1
+        assert ("ledgerlm_engine_preemptions_total", mine) in found
+        assert any(name == "vllm:kv_cache_usage_perc" for name, _ in found), "vLLM's own series are served too"
+    finally:
+        server.close()
+        worker.close(drain_timeout_s=30)
