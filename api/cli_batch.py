@@ -171,16 +171,20 @@ def serve_dispatcher(settings: Settings) -> int:
 
     from pipelines.batch.dispatcher import dispatcher_from_settings
     from pipelines.bootstrap import Bootstrap
+    from pipelines.metrics import dispatcher_metrics, serve_metrics
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log = Bootstrap(settings).event_log()
     dispatcher = dispatcher_from_settings(settings, log)
-    print(json.dumps({"batch_dispatcher": "ready"}), flush=True)
+    server = serve_metrics(settings, dispatcher_metrics(dispatcher))
+    print(json.dumps({"batch_dispatcher": "ready", "metrics_port": server and server.port}), flush=True)
     try:
         dispatcher.run(stop)
     finally:
+        if server is not None:
+            server.close()
         dispatcher.close()
         log.close()
     return 0
@@ -190,6 +194,7 @@ def serve_worker(settings: Settings) -> int:
     """`ledgerlm serve batch-worker`: one Celery worker process with one warm engine;
     run more of them (on more hosts) to scale out."""
     argv = [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", settings.batch_queue,
-            "-c", "1", "--pool", "prefork", "-l", os.environ.get("LEDGERLM_LOG_LEVEL", "INFO")]
+            "-c", "1", "--pool", "prefork", "-l", os.environ.get("LEDGERLM_LOG_LEVEL", "INFO"),
+            "--include", "workers.batch_metrics"]  # its child serves the chunks' metrics
     os.execv(sys.executable, argv)
     return 0

@@ -44,11 +44,17 @@ def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    from pipelines.metrics import projector_metrics, serve_metrics
+
     with Bootstrap(settings).event_log() as log:
         runner, engine = _runner(settings, log)
+        server = serve_metrics(settings, projector_metrics(runner))
+        print(json.dumps({"projector": "ready", "metrics_port": server and server.port}), flush=True)
         try:
             runner.run(stop)
         finally:
+            if server is not None:
+                server.close()
             engine.dispose()
     return 0
 

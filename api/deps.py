@@ -39,6 +39,7 @@ class Services:
 
     def __post_init__(self) -> None:
         self.fleet = self.fleet or FleetView(self.log)
+        self.metrics.fleet = self.fleet  # its series are read from the fleet view at scrape time
         self.index = self.index or RequestIndex(self.log)
         self.history = self.history or StreamHistory(self.log)
         self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from api.stream_hub import StreamEvent
 from models.events_generation import (
@@ -41,12 +43,50 @@ class ApiMetrics:
                               ["tenant", "kind"], registry=r)
         self.client_gone = Counter("ledgerlm_client_gone", "Streams cancelled because their client went away",
                                    registry=r)
+        self.fleet = None  # the API's FleetView (api.deps sets it): read at scrape time
+        r.register(_FleetCollector(self))
 
     def track(self, tenant_id: str, pool: str, started_at: float) -> "Tracker":
         return Tracker(self, tenant_id, pool, started_at)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _FleetCollector(Collector):
+    """The fleet as this API sees it (its FleetView, refreshed in the background), per pool
+    and revision: workers live (draining ones included) and lost, and what the workers
+    taking work hold free, run and keep waiting, as their last heartbeats said."""
+
+    def __init__(self, metrics: ApiMetrics):
+        self._metrics = metrics
+
+    def collect(self):
+        fleet = self._metrics.fleet
+        if fleet is None:
+            return []
+        labels = ["pool", "revision"]
+        families = {name: GaugeMetricFamily(name, help_text, labels=labels) for name, help_text in (
+            ("ledgerlm_fleet_live_workers", "Workers heard from and not left, draining ones included"),
+            ("ledgerlm_fleet_lost_workers", "Workers gone silent without leaving"),
+            ("ledgerlm_fleet_serving_workers", "Live workers taking new work"),
+            ("ledgerlm_fleet_free_slots", "Free slots of the workers taking work, at their last heartbeat"),
+            ("ledgerlm_fleet_running", "Generations the workers taking work run, at their last heartbeat"),
+            ("ledgerlm_fleet_waiting", "Work the workers taking work hold queued, at their last heartbeat"),
+        )}
+        for name, workers in (("ledgerlm_fleet_live_workers", fleet.live()), ("ledgerlm_fleet_lost_workers",
+                                                                              fleet.lost())):
+            counts: dict[tuple[str, str], int] = {}
+            for w in workers:
+                counts[(w.pool, w.model_revision)] = counts.get((w.pool, w.model_revision), 0) + 1
+            for key, count in counts.items():
+                families[name].add_metric(list(key), count)
+        for key, capacity in fleet.capacity().items():
+            families["ledgerlm_fleet_serving_workers"].add_metric(list(key), capacity.workers)
+            families["ledgerlm_fleet_free_slots"].add_metric(list(key), capacity.free_slots)
+            families["ledgerlm_fleet_running"].add_metric(list(key), capacity.running)
+            families["ledgerlm_fleet_waiting"].add_metric(list(key), capacity.waiting)
+        return list(families.values())
 
 
 class Tracker:

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # beside the platform's threads: more output at saturation, at some cost to a light
     # tenant's first token while a heavy one floods (tests/perf/RESULTS.md).
     engine_pinned: bool = False
+    # vLLM's own per-step stats (KV-cache usage, preemptions, step times) for the worker's
+    # metrics; off, the engine skips making them.
+    engine_stats: bool = True
     # Generations a pool worker starts beyond the engine's capacity; they wait inside the
     # engine, so a finished sequence is replaced at the next step (None: the capacity again).
     worker_take_ahead: int | None = None
@@ -73,6 +76,12 @@ class Settings(BaseSettings):
     # admission go anywhere. On a host shared with an engine, give them the CPUs the worker
     # printed, so no platform thread preempts model compute.
     cpus: str = ""
+
+    # Where a process other than the API serves `GET /metrics` (the API serves its own on
+    # its port): admission, a pool worker, the projector, the batch dispatcher, each batch
+    # worker's child. 0: not served (the default). One port per process: set it per process.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -238,8 +238,10 @@ class AdmissionProcessor:
     SETTLE_LINGER_S = 0.25
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
-                 estimate: ServiceEstimate | None = None, taker: Taker | None = None):
+                 estimate: ServiceEstimate | None = None, taker: Taker | None = None,
+                 on_written: Callable[[Outputs], None] | None = None):
         self._log = log
+        self._on_written = on_written  # told what each committed unit wrote (metrics)
         self._taker = taker
         self._takings: list[Taking] = []
         self._registry_view = registry_view
@@ -350,6 +352,8 @@ class AdmissionProcessor:
             self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._resolve_takings(True))
             self._settling = []
             self._idle.saved()
+            if self._on_written is not None:
+                self._on_written(outputs)
         except BaseException as exc:
             # The book already holds these decisions, and none of them was written (the unit
             # aborted): rebuild it from the ledger, and read the inputs again, before deciding.
@@ -381,6 +385,8 @@ class AdmissionProcessor:
             outputs, self._settling = self._settling, []
             self._consumer.commit_with(to_outputs(outputs))
             self._idle.saved()
+            if self._on_written is not None:
+                self._on_written(outputs)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -63,11 +63,11 @@ def place_beside_engine(settings: Settings, engine) -> set[int] | None:
     return cpus
 
 
-def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[[], None]:
+def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None) -> Callable[[], None]:
     """Runs admission on a thread of this process, on its own log handle, handing what can
     start at once straight to `worker` (`serve worker --admit`); returns how to close it
     once `stop` is set. If admission fails, it sets `stop`: the process goes down with it,
-    for its supervisor to restart."""
+    for its supervisor to restart. `metrics` (an `AdmissionMetrics`) counts what it decides."""
     from datetime import timedelta
 
     from pipelines.admission import AdmissionProcessor
@@ -75,7 +75,10 @@ def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[
     platform = Bootstrap(settings)
     log = platform.event_log(create_topics=False)
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
-                                   member_id=f"{worker.worker_id}-admission")
+                                   member_id=f"{worker.worker_id}-admission",
+                                   on_written=metrics.written if metrics is not None else None)
+    if metrics is not None:
+        metrics.follow(processor)
 
     def admit() -> None:
         try:
@@ -116,8 +119,10 @@ def resolve_worker_revision(settings: Settings, *, revision: str | None = None, 
 
 def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
                  alias: str | None = None) -> int:
+    from pipelines.metrics import AdmissionMetrics, serve_metrics
     from workers.engine_runner import EngineRunner
     from workers.interactive import InteractiveWorker
+    from workers.metrics import worker_metrics
     from workers.revision import check_engine, warm_up
 
     stop = threading.Event()
@@ -138,9 +143,13 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000,
                                    revision=serving.model_revision, engine_config_hash=config_hash)
-        close_admission = admit_beside(worker, settings, stop) if settings.worker_admits else None
+        admission_metrics = AdmissionMetrics() if settings.worker_admits else None
+        server = serve_metrics(settings, worker_metrics(worker),
+                               *([admission_metrics.registry] if admission_metrics else []))
+        close_admission = admit_beside(worker, settings, stop, admission_metrics) if settings.worker_admits else None
         worker.join()
         print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead, "admits": close_admission is not None,
+                          "metrics_port": server and server.port,
                           "revision": serving.model_revision,
                           "cpus": format_cpu_list(cpus) if cpus else None,
                           "engine_cpus": format_cpu_list(engine_cpus) if engine_cpus else None}), flush=True)
@@ -152,6 +161,8 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                 close_admission()
             worker.close()
             cancel_log.close()
+            if server is not None:
+                server.close()
     finally:
         runner.close()
         log.close()

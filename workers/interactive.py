@@ -209,6 +209,11 @@ class InteractiveWorker:
     def queued(self) -> int:
         return len(self._queue)
 
+    def queued_work(self) -> list[Envelope]:
+        """The `GenerationQueued` of what it read ahead and has not taken (for metrics, from
+        any thread: one copy of the dict, which the worker's thread changes meanwhile)."""
+        return [item.value.queued for item in list(self._items.values())]
+
     def silence(self) -> None:
         """Stops its heartbeats and its engine watch without saying it left (what a crash
         leaves behind)."""

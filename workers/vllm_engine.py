@@ -39,6 +39,7 @@ from workers.engine import (
     InferenceEngine,
     InvalidEngineRequest,
 )
+from workers.engine_stats import EngineStats
 
 if TYPE_CHECKING:
     from models.settings import Settings
@@ -60,6 +61,9 @@ class VllmEngineConfig:
     seed: int = 0
     shutdown_timeout_s: float = 30.0
     cpu_nice: int = 10  # added to the engine processes' nice value (0: leave them as they are)
+    # vLLM's per-step stats (KV-cache usage, preemptions, step times) into `VllmEngine.stats`
+    # for the worker's metrics; see `workers.engine_stats`.
+    log_stats: bool = True
 
     def engine_args(self) -> dict[str, Any]:
         return {
@@ -72,7 +76,9 @@ class VllmEngineConfig:
             "seed": self.seed,
             "enable_prefix_caching": True,
             "scheduling_policy": "priority",
+            # Stats go to our own logger (`start`), never to vLLM's log lines.
             "disable_log_stats": True,
+            "enable_logging_iteration_details": self.log_stats,  # step times
         }
 
 
@@ -83,7 +89,7 @@ def engine_config_hash(config: VllmEngineConfig) -> str:
     outputs = {
         key: value
         for key, value in asdict(config).items()
-        if key not in {"model", "kv_cache_gb", "max_num_seqs", "shutdown_timeout_s", "cpu_nice"}
+        if key not in {"model", "kv_cache_gb", "max_num_seqs", "shutdown_timeout_s", "cpu_nice", "log_stats"}
     }
     digest = hashlib.sha256(json.dumps(outputs, sort_keys=True).encode())
     digest.update(_model_fingerprint(Path(config.model)).encode())
@@ -166,6 +172,7 @@ class VllmEngine(InferenceEngine):
         self._revision: str | None = None
         self._compute_cpus: set[int] = set()
         self.start_seconds: float | None = None
+        self.stats = EngineStats() if config.log_stats else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
@@ -181,6 +188,7 @@ class VllmEngine(InferenceEngine):
                 max_num_seqs=settings.engine_max_seqs,
                 kv_cache_gb=settings.kv_cache_gb,
                 cpu_nice=settings.engine_nice,
+                log_stats=settings.engine_stats,
             )
         )
 
@@ -195,7 +203,8 @@ class VllmEngine(InferenceEngine):
         before = {p.pid for p in me.children(recursive=True)}
         began = time.monotonic()
         try:
-            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_args()))
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_args()),
+                                                  stat_loggers=[self.stats.factory] if self.stats else None)
         finally:
             # The resource tracker is shared by the whole process, so it is not ours to end.
             self._processes = [

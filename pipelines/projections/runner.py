@@ -75,6 +75,7 @@ class ProjectionRunner:
         self._positions: dict[str, dict[TP, int]] | None = None
         self._loaded_tps: list[TP] = []
         self.events_applied = 0
+        self._last_ends: dict[TP, int] = {}  # the log's ends at its last look (`last_lag`)
         self.unreadable = 0  # records no projection but the audit trail could read (logged)
 
     # -- positions -------------------------------------------------------------------
@@ -119,7 +120,14 @@ class ProjectionRunner:
         return {name: dict(p) for name, p in self._positions.items()}
 
     def end_offsets(self) -> dict[TP, int]:
-        return {(t, p): self._log.end_offset(t, p) for t, p in self.partitions()}
+        self._last_ends = {(t, p): self._log.end_offset(t, p) for t, p in self.partitions()}
+        return self._last_ends
+
+    def last_lag(self) -> dict[str, int]:
+        """Records behind per projection, as of the last look at the log's ends: no I/O, so
+        another thread (a metrics scrape) may ask while this one runs."""
+        ends, positions = self._last_ends, self._positions or {}
+        return {name: sum(max(0, end - p.get(tp, 0)) for tp, end in ends.items()) for name, p in positions.items()}
 
     def lag(self) -> list[Lag]:
         ends = self.end_offsets()

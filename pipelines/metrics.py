@@ -1,0 +1,142 @@
+"""Prometheus metrics of the platform's processes that serve no HTTP of their own:
+admission, the projector and the batch dispatcher (the pool worker's are in
+`workers.metrics`; the API serves its own at `GET /metrics`, see `api.metrics`).
+
+`serve_metrics` starts prometheus_client's HTTP server on `settings.metrics_port`
+(`LEDGERLM_METRICS_PORT`, 0: none, the default; one port per process, so each process
+that is scraped is given its own). It serves the process's registry and prometheus_client's
+global one, where the process collectors (CPU, memory, open files) and vLLM's own stat
+logger register.
+
+Each set of metrics has its own registry (no module globals). Counters count what was
+written to the log, never a decision a failed unit threw away; gauges of state are read
+at scrape time from the component itself, so they cost nothing between scrapes.
+Labels are pools, revisions, reasons and statuses: never tenants, ids or text.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from models import topics
+from models.events_generation import BudgetReserved, GenerationRejected, UsageSettled
+from models.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsServer:
+    """prometheus_client's HTTP server, serving `registries` and the global one."""
+
+    def __init__(self, *registries: CollectorRegistry, port: int, host: str = "127.0.0.1"):
+        served = CollectorRegistry()
+        for registry in registries:
+            served.register(registry)
+        served.register(REGISTRY)  # process collectors, and vLLM's own where an engine runs here
+        self._server, self._thread = start_http_server(port, addr=host, registry=served)
+        self.port = self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def serve_metrics(settings: Settings, *registries: CollectorRegistry) -> MetricsServer | None:
+    """Serves `/metrics` on the settings' port; None when no port is set."""
+    if not settings.metrics_port:
+        return None
+    server = MetricsServer(*registries, port=settings.metrics_port, host=settings.metrics_host)
+    logger.info("metrics at http://%s:%d/metrics", settings.metrics_host, server.port)
+    return server
+
+
+class Gauges(Collector):
+    """Gauges read at scrape time: `read()` yields (name, help, {label: value}, value)."""
+
+    def __init__(self, read: Callable[[], Iterable[tuple[str, str, dict[str, str], float]]]):
+        self._read = read
+
+    def collect(self):
+        families: dict[str, GaugeMetricFamily] = {}
+        for name, help_text, labels, value in self._read():
+            family = families.get(name)
+            if family is None:
+                family = families[name] = GaugeMetricFamily(name, help_text, labels=list(labels))
+            family.add_metric(list(labels.values()), value)
+        return list(families.values())
+
+
+# -- admission ----------------------------------------------------------------------------
+
+class AdmissionMetrics:
+    """What one admission processor decided and settled. Its `written` is the processor's
+    `on_written`: it counts the outputs of each unit once that unit is committed."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.decisions = Counter("ledgerlm_admission_processor_decisions",
+                                 "Requests the admission processor decided, by outcome and reason (written to the log)",
+                                 ["outcome", "reason"], registry=r)
+        self.settlements = Counter("ledgerlm_settlements", "Reservations settled, by terminal status",
+                                   ["status"], registry=r)
+        self.decisions.labels("admitted", "")  # present from the start, at zero
+
+    def follow(self, processor) -> "AdmissionMetrics":
+        """Open reservations, read from the processor's book at scrape time."""
+        self.registry.register(Gauges(lambda: [
+            ("ledgerlm_open_reservations", "Reservations admitted and not yet settled, in this processor's partitions",
+             {}, len(processor.book.open))]))
+        return self
+
+    def written(self, outputs: Iterable[tuple[topics.Topic, object]]) -> None:
+        for topic, env in outputs:
+            p = env.payload
+            if topic.name != topics.LEDGER.name:
+                continue  # a rejection goes to the stream too: counted once, from the ledger
+            if isinstance(p, BudgetReserved):
+                self.decisions.labels("admitted", "").inc()
+            elif isinstance(p, GenerationRejected):
+                self.decisions.labels("rejected", p.reason).inc()
+            elif isinstance(p, UsageSettled):
+                self.settlements.labels(p.terminal_status).inc()
+
+
+# -- projector ----------------------------------------------------------------------------
+
+def projector_metrics(runner) -> CollectorRegistry:
+    """Lag behind the log per projection, in records, as of the runner's last look at the
+    log's ends (it looks before every batch, and at least every half second when idle)."""
+    registry = CollectorRegistry()
+    registry.register(Gauges(lambda: [
+        ("ledgerlm_projection_lag_records", "Records on the log a projection has not applied yet",
+         {"projection": name}, float(records)) for name, records in runner.last_lag().items()]))
+    return registry
+
+
+# -- batch dispatcher ---------------------------------------------------------------------
+
+CHUNK_STATUSES = ("pending", "queued", "running", "completed", "failed", "skipped")
+
+
+def dispatcher_metrics(dispatcher) -> CollectorRegistry:
+    """Chunks of the dispatcher's batches by status, and its open batches, from its book."""
+    def read():
+        batches = list(dispatcher.book.batches.values())  # one copy: the dispatcher's thread adds to it
+        chunks = dict.fromkeys(CHUNK_STATUSES, 0)
+        for batch in batches:
+            for chunk in list(batch.chunks):
+                chunks[chunk.status] = chunks.get(chunk.status, 0) + 1
+        for status, count in chunks.items():
+            yield ("ledgerlm_batch_chunks", "Chunks of the batches in this dispatcher's partitions, by status",
+                   {"status": status}, float(count))
+        yield ("ledgerlm_batches_open", "Batches not ended yet, in this dispatcher's partitions", {},
+               float(sum(1 for b in batches if not b.terminal)))
+
+    registry = CollectorRegistry()
+    registry.register(Gauges(read))
+    return registry
