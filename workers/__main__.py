@@ -148,8 +148,8 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                                *([admission_metrics.registry] if admission_metrics else []))
         close_admission = admit_beside(worker, settings, stop, admission_metrics) if settings.worker_admits else None
         worker.join()
-        print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead, "admits": close_admission is not None,
-                          "metrics_port": server and server.port,
+        print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead,
+                          "admits": close_admission is not None, "metrics_port": server and server.port,
                           "revision": serving.model_revision,
                           "cpus": format_cpu_list(cpus) if cpus else None,
                           "engine_cpus": format_cpu_list(engine_cpus) if engine_cpus else None}), flush=True)
