@@ -67,7 +67,8 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
 
     platform = Bootstrap(settings)
     log = platform.event_log()
-    processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s))
+    processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
+                                   lost_after_s=settings.worker_lost_after_s)
     return _run_until_signal(processor.run_once, lambda: (processor.close(), log.close()))
 
 

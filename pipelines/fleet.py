@@ -6,7 +6,11 @@ default three of each worker's own intervals): every worker alive then has a hea
 which repeats its identity and capacity, in that suffix, so no older record is needed.
 `refresh()` reads what was appended before it was called, bounded in records and time,
 never waiting for more. Queries answer from the state as of the last refresh, judged
-against the clock now (so a silent worker goes lost without a refresh).
+against the clock now (so a silent worker goes lost without a refresh). `complete_at` is
+the time as of which the view holds every event (the start of the last refresh that read
+to the ends): a judge that must not mistake its own lag for a worker's silence (admission
+ending a lost worker's generations) judges as of then. `read_back_s` reads further back
+at the start, so a view opened late still knows workers that went silent before it.
 
 An event counts at its record's timestamp (the writer's clock, capped at the reader's
 now): hosts' clocks must agree well within `lost_after_s`, as NTP gives.
@@ -39,14 +43,17 @@ def wall_clock() -> datetime:
 class FleetView:
     def __init__(self, log: EventLog, *, lost_after_s: float | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], datetime] = wall_clock,
-                 forget_after_s: float = 600.0, max_records: int = 5000, max_read_s: float = 0.5):
+                 forget_after_s: float = 600.0, max_records: int = 5000, max_read_s: float = 0.5,
+                 read_back_s: float = 0.0):
         self._log = log
         self.lost_after_s = lost_after_s  # None: three of each worker's own heartbeat intervals
         self._interval_s = interval_s
         self._clock = clock
         # How far back a worker alive now last beat: the read-back window, less one interval.
         self._silence_s = lost_after_s if lost_after_s is not None else LOST_AFTER_INTERVALS * interval_s
-        self._forget_after = timedelta(seconds=max(forget_after_s, self._silence_s))
+        self._forget_after = timedelta(seconds=max(forget_after_s, self._silence_s, read_back_s))
+        self._read_back_s = max(read_back_s, self._silence_s + interval_s)
+        self.complete_at: datetime | None = None
         self._max_records, self._max_read_s = max_records, max_read_s
         self._state = FleetState()
         self._tail: Tail | None = None
@@ -57,6 +64,7 @@ class FleetView:
         """Folds the fleet events appended before the call (up to `max_records`, within
         about `max_read_s`); never waits for new ones."""
         with self._reading:
+            began = self._clock()
             tail = self._open()
             ends = tail.end_offsets()
             deadline = time.monotonic() + self._max_read_s
@@ -74,13 +82,15 @@ class FleetView:
                     break
             with self._lock:
                 self._state.forget(self._clock() - self._forget_after)
+                if all(tail.offsets[p] >= end for p, end in ends.items()):
+                    self.complete_at = began
         return self
 
     def _open(self) -> Tail:
         if self._tail is None:
             name = topics.FLEET.name
             tail = self._log.tail(name, {p: 0 for p in range(self._log.partitions(name))})
-            since = self._clock() - timedelta(seconds=self._silence_s + self._interval_s)
+            since = self._clock() - timedelta(seconds=self._read_back_s)
             tail.seek_to_time(int(since.timestamp() * 1000))
             self._tail = tail
         return self._tail

@@ -75,7 +75,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event) -> Callable[
     platform = Bootstrap(settings)
     log = platform.event_log(create_topics=False)
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
-                                   member_id=f"{worker.worker_id}-admission")
+                                   member_id=f"{worker.worker_id}-admission", lost_after_s=settings.worker_lost_after_s)
 
     def admit() -> None:
         try:
