@@ -254,6 +254,7 @@ class AdmissionProcessor:
     # and are read and settled again. Each unit on Kafka is a transaction (five round trips,
     # and markers), so a settlement alone cost as much as the reservation it ends.
     SETTLE_LINGER_S = 0.25
+    POLL_RECORDS = 200
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  estimate: ServiceEstimate | None = None, taker: Taker | None = None,
@@ -277,6 +278,9 @@ class AdmissionProcessor:
         self._idle = IdlePositions()
         self._settling: Outputs = []  # settlements decided, not yet written (`SETTLE_LINGER_S`)
         self._settling_since = 0.0
+        # When admission last read all its input appended before then: a worker judged lost is
+        # judged no later, so every end it wrote has been read (and settled) first.
+        self._read_to: datetime | None = None
         if fleet is None and lost_after_s is not None:
             fleet = FleetWatch(log, lost_after_s=lost_after_s)
         self.fleet = fleet
@@ -335,7 +339,8 @@ class AdmissionProcessor:
             self._known_topics |= {t.name for t in missing}
 
     def run_once(self, timeout_s: float = 0.5) -> int:
-        records = self._consumer.poll(max_records=200, timeout_s=timeout_s)
+        polled_at = datetime.now(timezone.utc)
+        records = self._consumer.poll(max_records=self.POLL_RECORDS, timeout_s=timeout_s)
         owned = self._owned_now()
         if owned != self.owned:
             # Partitions moved (or this is the first poll): decide nothing on a stale book.
@@ -345,6 +350,8 @@ class AdmissionProcessor:
             self._forget_unwritten()
             self._rebuild(owned)
             return 0
+        if len(records) < self.POLL_RECORDS:
+            self._read_to = polled_at  # what was appended before the poll has been read
         try:
             # Only decisions on records read the registry: an empty poll makes no look.
             registry = self._registry_view.refresh() if records else None
@@ -367,7 +374,8 @@ class AdmissionProcessor:
             now = datetime.now(timezone.utc)
             settling += expire_overdue(book=self.book, now=now)
             if self.fleet is not None:
-                settling += end_lost(self.fleet.lost(self.book, monotonic=time.monotonic()), book=self.book, now=now)
+                lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
+                settling += end_lost(lost, book=self.book, now=now)
             if settling and not self._settling:
                 self._settling_since = time.monotonic()
             self._settling += settling
@@ -402,6 +410,7 @@ class AdmissionProcessor:
 
     def _forget_unwritten(self) -> None:
         """After a seek to the committed positions: what waited is decided again from there."""
+        self._read_to = None
         self._settling = []
         self._idle.saved()
 

@@ -20,7 +20,9 @@ Gone means: silent (no heartbeat for `lost_after_s`) without a leave, or left at
 worker the view never heard of is not judged (a worker without fleet presence, or one
 that died before the view's read-back): the expiry sweep still ends its work. Silence is
 judged as of the view's last complete read (`FleetView.complete_at`), so a log that
-answers slowly makes nobody lost.
+answers slowly makes nobody lost, and no later than admission last read all its input, so
+an end the worker wrote before it went is read and settled at its real usage, never
+overtaken by a `worker_lost` of its own request.
 """
 from __future__ import annotations
 
@@ -130,15 +132,18 @@ class FleetWatch:
                 logger.exception("admission could not read the fleet topic; trying again")
             self._stop.wait(self._every_s)
 
-    def lost(self, book: ReservationBook, *, monotonic: float) -> list[tuple[Reservation, str]]:
-        """Open generations of gone workers, with why; none between checks, or while the
-        view has never read to its end."""
+    def lost(self, book: ReservationBook, *, monotonic: float, read_to: datetime | None
+             ) -> list[tuple[Reservation, str]]:
+        """Open generations of gone workers, with why, judged as of the earlier of the view's
+        last complete read and `read_to` (when the caller last read all of its input, the
+        outcomes included: an end the worker wrote before it went is settled first, at its
+        real usage). None between checks, or before both."""
         if monotonic < self._next_check or not book.running:
             return []
         self._next_check = monotonic + self._every_s
-        at = self.view.complete_at
-        if at is None:
+        if self.view.complete_at is None or read_to is None:
             return []
+        at = min(self.view.complete_at, read_to)
         return lost_generations(book, self.view.all(), at=at, lost_after_s=self.lost_after_s)
 
     def close(self) -> None:

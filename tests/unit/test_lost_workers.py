@@ -117,17 +117,20 @@ class StubView:
         pass
 
 
-def test_the_watch_judges_as_of_its_last_complete_read_and_a_few_times_a_second():
+def test_the_watch_judges_as_of_its_last_complete_reads_and_a_few_times_a_second():
     book = book_running(r1="w-dead")
     view = StubView([worker("w-dead", last_seen=0)], complete_at=None)
     watch = FleetWatch(None, lost_after_s=LOST_AFTER_S, every_s=0.25, view=view, start=False)
-    assert watch.lost(book, monotonic=100.0) == [], "a view that never read to its end judges nobody"
+    assert watch.lost(book, monotonic=100.0, read_to=at(10)) == [], "a view that never read to its end judges nobody"
     # The view stalled 2 s after the last beat (the clock went on): not lost, whatever the time now.
     view.complete_at = at(2)
-    assert watch.lost(book, monotonic=100.3) == []
+    assert watch.lost(book, monotonic=100.3, read_to=at(10)) == []
     view.complete_at = at(10)
-    assert watch.lost(book, monotonic=100.4) == [], "checked at most every 0.25 s"
-    assert [r.request_id for r, _ in watch.lost(book, monotonic=100.6)] == ["r1"]
+    assert watch.lost(book, monotonic=100.4, read_to=at(10)) == [], "checked at most every 0.25 s"
+    # Admission's own input read only up to 2 s: an end the worker wrote may still come.
+    assert watch.lost(book, monotonic=100.6, read_to=at(2)) == []
+    assert watch.lost(book, monotonic=100.9, read_to=None) == []
+    assert [r.request_id for r, _ in watch.lost(book, monotonic=101.2, read_to=at(10))] == ["r1"]
 
 
 def test_a_worker_back_from_the_dead_does_not_revive_what_was_ended():
