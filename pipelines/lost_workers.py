@@ -15,7 +15,8 @@ it durably, and a ledger event per start would put one more write on every gener
 After a rebalance `note_running` reads it back from the outcomes partitions admission owns,
 from the oldest open reservation's time on (bounded by deadline plus grace).
 
-Gone means: silent (no heartbeat for `lost_after_s`) without a leave, or left at least
+Gone means: silent (no heartbeat for `lost_after_s`, or three of the worker's own heartbeat
+intervals where those are longer) without a leave, or left at least
 `lost_after_s` ago with generations still open (its terminals would have come first). A
 worker the view never heard of is not judged (a worker without fleet presence, or one
 that died before the view's read-back): the expiry sweep still ends its work. Silence is
@@ -35,7 +36,7 @@ from models.events import EventDecodeError, decode
 from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationStarted,
 )
-from models.fleet import WorkerState
+from models.fleet import LOST_AFTER_INTERVALS, WorkerState
 from models.reservations import Reservation, ReservationBook
 from pipelines.eventlog import EventLog
 from pipelines.fleet import FleetView
@@ -51,7 +52,9 @@ def gone_why(worker: WorkerState | None, at: datetime, lost_after_s: float) -> s
     """Why `worker`'s running generations are to be ended as of `at`, or None."""
     if worker is None:
         return None  # never heard of: not judged (the expiry sweep ends its work)
-    after = timedelta(seconds=lost_after_s)
+    # Never less than three of the worker's own intervals: one that beats slowly is not lost between beats.
+    own = timedelta(milliseconds=LOST_AFTER_INTERVALS * worker.heartbeat_interval_ms)
+    after = max(timedelta(seconds=lost_after_s), own)
     if worker.left_at is not None:
         if at - worker.left_at >= after:
             return f"worker {worker.worker_id} left with this generation still running"

@@ -50,6 +50,9 @@ def test_a_worker_is_gone_when_silent_past_the_bound_or_long_left_never_when_unk
     assert gone_why(worker("w", last_seen=10, left_at=11), at(12), LOST_AFTER_S) is None  # its ends may follow
     assert "left" in gone_why(worker("w", last_seen=10, left_at=11), at(14), LOST_AFTER_S)
     assert gone_why(None, at(1000), LOST_AFTER_S) is None
+    slow = replace(worker("w", last_seen=10), heartbeat_interval_ms=5000)  # three of its beats: 15 s
+    assert gone_why(slow, at(24), LOST_AFTER_S) is None
+    assert gone_why(slow, at(25.1), LOST_AFTER_S) is not None
 
 
 def test_only_the_silent_workers_generations_are_found():
