@@ -110,8 +110,8 @@ def note_running(log: EventLog, book: ReservationBook, partitions: set[int]) -> 
 
 
 class FleetWatch:
-    """Admission's view of the fleet, refreshed every `every_s` on a daemon thread; `gone`
-    ends what silent workers ran, at most every `every_s` too (never per record)."""
+    """Admission's view of the fleet, refreshed every `every_s` on a daemon thread; `lost`
+    finds what gone workers ran, at most every `every_s` too (never per record)."""
 
     def __init__(self, log: EventLog, *, lost_after_s: float, every_s: float = 0.25, read_back_s: float = 120.0,
                  view: FleetView | None = None, start: bool = True):
