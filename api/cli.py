@@ -70,7 +70,7 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
     log = platform.event_log()
     metrics = AdmissionMetrics()
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
-                                   on_written=metrics.written)
+                                   on_written=metrics.written, lost_after_s=settings.worker_lost_after_s)
     server = serve_metrics(settings, metrics.follow(processor).registry)
     return _run_until_signal(processor.run_once,
                              lambda: (processor.close(), log.close(), server and server.close()))

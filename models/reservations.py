@@ -22,6 +22,8 @@ class Reservation:
     cost_micros: int
     expires_at: datetime
     model_revision: str = ""
+    reserved_at: datetime | None = None
+    worker_id: str | None = None  # the worker running it, once its `GenerationStarted` is read
 
 
 @dataclass
@@ -31,6 +33,9 @@ class ReservationBook:
     # Grows with the ledger; a snapshot of the book would bound the rebuild (not done yet).
     settled: set[str] = field(default_factory=set)
     usage: dict[str, TenantUsage] = field(default_factory=dict)  # by tenant
+    # Open reservations by the worker running them (from the outcomes topic, not the ledger:
+    # see `pipelines.lost_workers`), so a lost worker's generations are found without a scan.
+    running: dict[str, set[str]] = field(default_factory=dict)  # worker_id -> request ids
 
     def usage_of(self, tenant_id: str) -> TenantUsage:
         if tenant_id not in self.usage:
@@ -43,7 +48,8 @@ class ReservationBook:
             if p.request_id in self.open or p.request_id in self.settled:
                 return
             self.open[p.request_id] = Reservation(
-                p.reservation_id, p.request_id, env.tenant_id, p.tokens, p.cost_micros, p.expires_at, p.model_revision
+                p.reservation_id, p.request_id, env.tenant_id, p.tokens, p.cost_micros, p.expires_at, p.model_revision,
+                reserved_at=env.occurred_at,
             )
             self.usage_of(env.tenant_id).reserve(p.request_id, env.occurred_at, p.tokens, p.cost_micros)
         elif isinstance(p, UsageSettled):
@@ -56,9 +62,41 @@ class ReservationBook:
             pass  # the release accompanies a settlement, which closed the reservation
 
     def _close(self, env: Envelope, request_id: str, tokens: int, cost_micros: int) -> None:
-        self.open.pop(request_id, None)
+        reservation = self.open.pop(request_id, None)
+        if reservation is not None:
+            self._unrun(reservation)
         self.settled.add(request_id)
         self.usage_of(env.tenant_id).close(request_id, env.occurred_at, tokens, cost_micros)
+
+    def started(self, request_id: str, worker_id: str) -> None:
+        """`worker_id` runs the open request (a later start, by another worker, replaces it)."""
+        reservation = self.open.get(request_id)
+        if reservation is None or reservation.worker_id == worker_id:
+            return
+        self._unrun(reservation)
+        reservation.worker_id = worker_id
+        self.running.setdefault(worker_id, set()).add(request_id)
+
+    def ending(self, request_id: str) -> None:
+        """Its worker wrote its end (still to be settled): no worker runs it any more."""
+        reservation = self.open.get(request_id)
+        if reservation is not None:
+            self._unrun(reservation)
+
+    def _unrun(self, reservation: Reservation) -> None:
+        if reservation.worker_id is None:
+            return
+        ids = self.running.get(reservation.worker_id)
+        if ids is not None:
+            ids.discard(reservation.request_id)
+            if not ids:
+                del self.running[reservation.worker_id]
+        reservation.worker_id = None
+
+    def running_on(self, worker_id: str) -> list[Reservation]:
+        """Open reservations whose generation `worker_id` runs, oldest first."""
+        found = (self.open[r] for r in self.running.get(worker_id, ()) if r in self.open)
+        return sorted(found, key=lambda r: (r.expires_at, r.request_id))
 
     def rejected(self, request_id: str) -> None:
         """A rejected request is decided too: delivered again, it is not decided twice."""

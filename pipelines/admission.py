@@ -14,8 +14,10 @@ decides a request. Positions of records that decide nothing wait likewise
 
 Time: a request is decided at its own event time (never earlier than the last one
 decided), and the ledger events of the decision carry that time, so a rebuilt processor
-reasons as its predecessor did. Only the expiry sweep reads the wall clock: nothing else
-happens when a worker is lost.
+reasons as its predecessor did. Only the expiry sweep and the lost-worker watch read the
+wall clock: a request whose worker stopped heartbeating (`pipelines.lost_workers`) fails as
+`worker_lost` and settles within seconds; one whose worker is unknown expires at deadline
+plus grace.
 
 Admitting and taking in one unit: a pool worker in the same process may be given as the
 processor's `taker`. Each admitted request is offered to it; when its engine has a free
@@ -48,10 +50,12 @@ from models.reservations import Reservation, ReservationBook
 from models.topics import Topic
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
+from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.routing import Outputs, to_outputs
 
 logger = logging.getLogger(__name__)
 UNBOUNDED_DEADLINE = timedelta(minutes=10)  # a request without a deadline expires after this plus grace
+DEFAULT_LOST_AFTER_S = 3.0  # `Settings.worker_lost_after_s`
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -197,6 +201,23 @@ def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
     return outputs
 
 
+def end_lost(lost: list[tuple[Reservation, str]], *, book: ReservationBook, now: datetime) -> Outputs:
+    """Generations of lost workers (`pipelines.lost_workers`), with why: each fails as
+    `worker_lost` (to the outcomes, and the stream, where a client may wait for its end) and
+    is settled at zero, as an expiry is: what the worker made never reached the ledger."""
+    outputs: Outputs = []
+    for reservation, why in lost:
+        if reservation.request_id not in book.open:
+            continue  # settled since it was found
+        failed = new_event(GenerationFailed(request_id=reservation.request_id, error_code="worker_lost", message=why),
+                           tenant_id=reservation.tenant_id, correlation_id=reservation.request_id, occurred_at=now)
+        logger.warning("%s of tenant %s fails: %s", reservation.request_id, reservation.tenant_id, why)
+        outputs += [(topics.OUTCOMES, failed), (topics.STREAM, failed)]
+        outputs += settle(failed, reservation, registry=Registry(), book=book, status="failed",
+                          input_tokens=0, output_tokens=0)
+    return outputs
+
+
 def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datetime | None]:
     """The book of the given ledger partitions, and the latest decision time in them."""
     book, clock = ReservationBook(), None
@@ -236,10 +257,14 @@ class AdmissionProcessor:
     # and are read and settled again. Each unit on Kafka is a transaction (five round trips,
     # and markers), so a settlement alone cost as much as the reservation it ends.
     SETTLE_LINGER_S = 0.25
+    POLL_RECORDS = 200
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  estimate: ServiceEstimate | None = None, taker: Taker | None = None,
-                 on_written: Callable[[Outputs], None] | None = None):
+                 on_written: Callable[[Outputs], None] | None = None,
+                 lost_after_s: float | None = DEFAULT_LOST_AFTER_S, fleet: FleetWatch | None = None):
+        """`lost_after_s`: how long a worker is silent before its generations end (None: never,
+        they expire); `fleet` replaces the watch it would make for that."""
         self._log = log
         self._on_written = on_written  # told what each committed unit wrote (metrics)
         self._taker = taker
@@ -258,12 +283,20 @@ class AdmissionProcessor:
         self._idle = IdlePositions()
         self._settling: Outputs = []  # settlements decided, not yet written (`SETTLE_LINGER_S`)
         self._settling_since = 0.0
+        # When admission last read all its input appended before then: a worker judged lost is
+        # judged no later, so every end it wrote has been read (and settled) first.
+        self._read_to: datetime | None = None
+        if fleet is None and lost_after_s is not None:
+            fleet = FleetWatch(log, lost_after_s=lost_after_s)
+        self.fleet = fleet
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
 
     def _rebuild(self, owned: set[int]) -> None:
         self.book, self._clock = rebuild(self._log, owned)
+        if self.fleet is not None:  # which worker runs what: read back from the outcomes topic
+            note_running(self._log, self.book, owned)
         self.owned = owned
 
     def _now(self, event_time: datetime) -> datetime:
@@ -279,6 +312,7 @@ class AdmissionProcessor:
             return self._offer(outputs) if self._taker is not None else outputs
         if isinstance(p, GenerationStarted):
             self.estimate.observe_queue(p.queued_ms)
+            self.book.started(p.request_id, p.worker_id)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
             return handle_terminal(env, registry=registry, book=self.book)
         return []
@@ -310,7 +344,8 @@ class AdmissionProcessor:
             self._known_topics |= {t.name for t in missing}
 
     def run_once(self, timeout_s: float = 0.5) -> int:
-        records = self._consumer.poll(max_records=200, timeout_s=timeout_s)
+        polled_at = datetime.now(timezone.utc)
+        records = self._consumer.poll(max_records=self.POLL_RECORDS, timeout_s=timeout_s)
         owned = self._owned_now()
         if owned != self.owned:
             # Partitions moved (or this is the first poll): decide nothing on a stale book.
@@ -320,6 +355,8 @@ class AdmissionProcessor:
             self._forget_unwritten()
             self._rebuild(owned)
             return 0
+        if len(records) < self.POLL_RECORDS:
+            self._read_to = polled_at  # what was appended before the poll has been read
         try:
             # Only decisions on records read the registry: an empty poll makes no look.
             registry = self._registry_view.refresh() if records else None
@@ -339,7 +376,11 @@ class AdmissionProcessor:
                     outputs += decided
                 else:
                     settling += decided
-            settling += expire_overdue(book=self.book, now=datetime.now(timezone.utc))
+            now = datetime.now(timezone.utc)
+            settling += expire_overdue(book=self.book, now=now)
+            if self.fleet is not None:
+                lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
+                settling += end_lost(lost, book=self.book, now=now)
             if settling and not self._settling:
                 self._settling_since = time.monotonic()
             self._settling += settling
@@ -376,6 +417,7 @@ class AdmissionProcessor:
 
     def _forget_unwritten(self) -> None:
         """After a seek to the committed positions: what waited is decided again from there."""
+        self._read_to = None
         self._settling = []
         self._idle.saved()
 
@@ -397,4 +439,6 @@ class AdmissionProcessor:
             self.flush()
         except (Fenced, EventLogError) as exc:  # read and settled again by the next owner
             logger.warning("admission closing with settlements unwritten (%r)", exc)
+        if self.fleet is not None:
+            self.fleet.close()
         self._consumer.close()

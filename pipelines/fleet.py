@@ -6,7 +6,11 @@ default three of each worker's own intervals): every worker alive then has a hea
 which repeats its identity and capacity, in that suffix, so no older record is needed.
 `refresh()` reads what was appended before it was called, bounded in records and time,
 never waiting for more. Queries answer from the state as of the last refresh, judged
-against the clock now (so a silent worker goes lost without a refresh).
+against the clock now (so a silent worker goes lost without a refresh). `complete_at` is
+the time as of which the view holds every event (the start of the last refresh that read
+to the ends): a judge that must not mistake its own lag for a worker's silence (admission
+ending a lost worker's generations) judges as of then. `look_back_s` reads further back
+at the start, so a view opened late still knows workers that went silent before it.
 
 An event counts at its record's timestamp (the writer's clock, capped at the reader's
 now): hosts' clocks must agree well within `lost_after_s`, as NTP gives.
@@ -50,6 +54,7 @@ class FleetView:
         self._forget_after = timedelta(seconds=max(forget_after_s, self._silence_s, look_back_s))
         # A reader that shows workers lost or gone within `look_back_s` starts that far back.
         self._look_back_s = max(self._silence_s + interval_s, look_back_s)
+        self.complete_at: datetime | None = None
         self._max_records, self._max_read_s = max_records, max_read_s
         self._state = FleetState()
         self._tail: Tail | None = None
@@ -60,6 +65,7 @@ class FleetView:
         """Folds the fleet events appended before the call (up to `max_records`, within
         about `max_read_s`); never waits for new ones."""
         with self._reading:
+            began = self._clock()
             tail = self._open()
             ends = tail.end_offsets()
             deadline = time.monotonic() + self._max_read_s
@@ -77,6 +83,8 @@ class FleetView:
                     break
             with self._lock:
                 self._state.forget(self._clock() - self._forget_after)
+                if all(tail.offsets[p] >= end for p, end in ends.items()):
+                    self.complete_at = began
         return self
 
     def _open(self) -> Tail:

@@ -149,7 +149,8 @@ class Platform:
 
     def start_admission(self, taker=None) -> Loop:
         processor = AdmissionProcessor(self._log(), RegistryView(self._log()),
-                                       grace=timedelta(seconds=self.settings.grace_s), taker=taker)
+                                       grace=timedelta(seconds=self.settings.grace_s), taker=taker,
+                                       lost_after_s=self.settings.worker_lost_after_s)
         self.admission = processor
         loop = Loop("admission", lambda: processor.run_once(0.05), processor.close).start()
         self.loops.append(loop)

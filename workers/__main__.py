@@ -76,7 +76,8 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
     log = platform.event_log(create_topics=False)
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
                                    member_id=f"{worker.worker_id}-admission",
-                                   on_written=metrics.written if metrics is not None else None)
+                                   on_written=metrics.written if metrics is not None else None,
+                                   lost_after_s=settings.worker_lost_after_s)
     if metrics is not None:
         metrics.follow(processor)
 

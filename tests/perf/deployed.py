@@ -38,6 +38,7 @@ class Deployed:
     base_url: str
     log: object  # an EventLog handle of the bench's own on the platform's log
     view: object  # the registry, for tenants and keys
+    env: dict | None = None  # the processes' environment, to launch another of them
 
     def tenant(self) -> tuple[str, str]:
         """A new tenant and a key of it: (tenant_id, secret)."""
@@ -96,7 +97,7 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
                 env = beside_worker(env, json.loads(children[-1].ready_line))
         base = f"http://127.0.0.1:{env['LEDGERLM_API_PORT']}"
         _wait_http(base + "/healthz", 60)
-        yield Deployed(base, log, admin.RegistryView(log))
+        yield Deployed(base, log, admin.RegistryView(log), env)
         for child in children:
             child.check()
     finally:

@@ -1,0 +1,89 @@
+"""A deployed worker process is SIGKILLed mid-stream: within seconds its generation is
+terminal (`worker_lost`), the client streaming it gets that end, not a hang, it settles
+exactly once and the tenant's one concurrency slot is free again. Real processes (the API,
+admission and workers as deployed) on an engine of known speed (`tests.slow_engine`); on
+the embedded log with an admission process, and on Kafka with admission in the workers
+(`serve worker --admit`), where the killed process may take its tenants' admission with it
+and the survivor's takes them over once the group sees it gone (its session timeout)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+
+from models import topics
+from pipelines import admin
+from tests.e2e.test_streaming import request_events
+from tests.harness import MODEL_ALIAS
+from tests.helpers import Launched, wait_until
+from tests.perf.deployed import deployed
+
+LOST_AFTER_S = 3.0
+GROUP_SESSION_S = 10.0  # how long a consumer group takes to drop a killed member (both logs' default)
+SLACK_S = 5.0
+
+
+def sse(response):
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line[6:] != "[DONE]":
+            yield json.loads(line[6:])
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("log_kind, admits", [("embedded", False), ("kafka", True)])
+def test_a_sigkilled_worker_is_lost_in_seconds_and_its_stream_ends(log_kind, admits, tiny_model_dir, tmp_path,
+                                                                   kafka_url):
+    environment = {"LEDGERLM_ENGINE_FACTORY": "tests.slow_engine:SlowEngine.from_settings", "LEDGERLM_CPUS": "all",
+                   "LEDGERLM_WORKER_LOST_AFTER_S": str(LOST_AFTER_S), "LEDGERLM_TEST_TOKEN_PAUSE_S": "0.1"}
+    with deployed(log_kind, tiny_model_dir, tmp_path / "deployed", max_seqs=4, take_ahead=0, stream_linger_ms=0,
+                  worker_admits=admits, environment=environment) as platform:
+        tenant_id, secret = platform.tenant()
+        pool = f"doomed-{uuid.uuid4().hex[:6]}"
+        admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool, max_concurrent=1)
+        argv = [sys.executable, "-m", "workers", "serve", "worker", "--pool", pool, *(["--admit"] if admits else [])]
+        body = {"model_alias": MODEL_ALIAS, "input": "a long story", "max_output_tokens": 400, "ignore_eos": True}
+        with Launched(argv, env=platform.env, log=tmp_path / "doomed.log", ready='"ready": true', ready_s=120,
+                      stop_s=5) as doomed, \
+                httpx.Client(base_url=platform.base_url, timeout=120,
+                             headers={"Authorization": f"Bearer {secret}"}) as client:
+            # The API may see the new key, and the new worker, a moment after they are there.
+            wait_until(lambda: client.get("/v1/models").status_code == 200, 30, what="the API to know the key")
+            with client.stream("POST", "/v1/generations", json=body) as response:
+                assert response.status_code == 200, response.read()
+                frames = sse(response)
+                frame = next(frames)
+                request_id = frame["request_id"]
+                while frame["type"] != "tokens":  # 400 tokens take 40 s: the kill comes mid-stream
+                    frame = next(frames)
+                refused = client.post("/v1/generations", json={**body, "stream": False})
+                assert refused.status_code == 429, "the tenant's one slot is held"
+
+                os.kill(doomed.pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+                rest = list(frames)
+                ended_after_s = time.monotonic() - killed_at
+            final = rest[-1]
+            assert final["type"] == "failed" and final["error"]["code"] == "worker_lost", final
+            bound_s = LOST_AFTER_S + (GROUP_SESSION_S if admits else 0) + SLACK_S
+            assert ended_after_s <= bound_s, f"the stream ended {ended_after_s:.1f} s after the kill"
+
+            def ledger():
+                return [env for _, env in request_events(platform.log, request_id, topics.LEDGER)]
+            wait_until(lambda: "ReservationReleased" in [e.event_type for e in ledger()], 30, what="the release")
+            kinds = [e.event_type for e in ledger()]
+            assert kinds == ["BudgetReserved", "GenerationAdmitted", "UsageSettled", "ReservationReleased"], kinds
+            assert ledger()[2].payload.terminal_status == "failed"
+
+            # The slot is free again: on the shared pool's worker, the tenant's next request runs.
+            admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=None)
+            short = {**body, "max_output_tokens": 3, "stream": False}
+            again = wait_until(lambda: (r := client.post("/v1/generations", json=short)).status_code != 503 and r, 30,
+                               what="the API to route the tenant to the shared pool")
+            assert again.status_code == 200 and again.json()["type"] == "completed", again.text
+        assert doomed.proc.returncode == -signal.SIGKILL

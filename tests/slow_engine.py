@@ -1,0 +1,43 @@
+"""An engine of known speed for processes a test launches (`LEDGERLM_ENGINE_FACTORY=
+tests.slow_engine:SlowEngine.from_settings`): one token every `LEDGERLM_TEST_TOKEN_PAUSE_S`
+(0.1 s by default), as many as asked, no model loaded."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+from workers.engine import EngineDelta, EngineRequest, InferenceEngine
+
+
+class SlowEngine(InferenceEngine):
+    def __init__(self, pause_s: float = 0.1):
+        self.pause_s = pause_s
+        self._aborted: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, settings) -> "SlowEngine":
+        return cls(float(os.environ.get("LEDGERLM_TEST_TOKEN_PAUSE_S", "0.1")))
+
+    async def generate(self, request: EngineRequest):
+        for made in range(1, request.max_output_tokens + 1):
+            await asyncio.sleep(self.pause_s)
+            if request.request_id in self._aborted:
+                yield EngineDelta(request.request_id, "", 0, made - 1, True, "abort", prompt_tokens=1)
+                return
+            last = made == request.max_output_tokens
+            yield EngineDelta(request.request_id, "x ", 1, made, last, "length" if last else None, prompt_tokens=1)
+
+    async def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
+
+    async def health(self) -> bool:
+        return True
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def engine_config_hash(self) -> str:
+        return "slow-engine"
+
+    def close(self) -> None:
+        pass
