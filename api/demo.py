@@ -36,6 +36,7 @@ QUESTION = "What is the capital of France, and what is one famous landmark there
 TINY_PROMPT = "The ledger of tokens says"
 KV_CACHE_GB = "0.25"  # two engines on one host: a small KV cache each, unless LEDGERLM_KV_CACHE_GB says
 WORKER_READY_S = 300  # engine start and warm-up, both engines at once on a small host
+STOP_S = 45  # for a serving child to stop (an engine shuts down in seconds) before it is killed
 
 
 class Child:
@@ -44,6 +45,7 @@ class Child:
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], logs: Path):
         self.name = name
+        self.ready = False  # set once it said it serves (or has nothing to say)
         self.log = logs / f"demo-{name}.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -57,6 +59,7 @@ class Child:
         while time.monotonic() < deadline:
             found = next((line for line in self.log.read_text(errors="replace").splitlines() if needle in line), None)
             if found is not None:
+                self.ready = True
                 return found
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready "
@@ -66,12 +69,12 @@ class Child:
 
     def signal(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # the worker shuts its engine down itself
+            self.proc.send_signal(signal.SIGTERM)  # a serving worker shuts its engine down itself
 
-    def stop(self, timeout_s: float = 45) -> None:
-        self.signal()
+    def stop(self, deadline: float) -> None:
+        """Waits until `deadline` for the child to exit, then kills whatever of its session is left."""
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
         try:
@@ -175,7 +178,14 @@ def _print_events(settings: Settings, alias: str, request_id: str, timeout_s: fl
         time.sleep(0.3)
     print(f"\n--- events of {alias}'s request {request_id} read back from the log ---")
     started = None
+    tokens = [record for _, _, record, env in found if env.event_type == "TokensEmitted"]
+    middle = {id(record) for record in tokens[1:-1]}  # one line for these: the text above shows them
     for _, topic_name, record, env in found:
+        if id(record) in middle:
+            if record is tokens[1]:
+                print(f"{topic_name}[{record.partition}]@{record.offset}..{tokens[-2].offset} "
+                      f"TokensEmitted x{len(tokens) - 2}")
+            continue
         payload = env.payload.model_dump(mode="json")
         payload.pop("prompt", None)
         if "request" in payload:
@@ -219,11 +229,14 @@ def _generation_text(frame: dict) -> str:
 
 
 def _stop_all(children: list[Child]) -> None:
-    # All are told at once, so the two engines shut down together; the last started first.
-    for child in reversed(children):
+    # All are told at once, so the engines shut down together. A worker still starting
+    # finishes its engine start before it looks at the signal: it is not waited for.
+    print(f"stopping the demo's {len(children)} processes ...", flush=True)
+    for child in children:
         child.signal()
+    now = time.monotonic()
     for child in reversed(children):
-        child.stop()
+        child.stop(now + (STOP_S if child.ready else 3))
 
 
 def _stop_on_sigterm(signum, frame):
@@ -296,8 +309,8 @@ def _run(settings: Settings, began: float) -> int:
         print(f"engines compute on CPUs: '{real_alias}' {format_cpu_list(engine_bound_cpus(real)) or 'any'}, "
               f"'{TINY_ALIAS}' {format_cpu_list(engine_bound_cpus(tiny)) or 'any'} (bound threads, from /proc)")
         platform_env = beside_worker(env, real_ready)
-        start("admission", [py, "-m", "api.cli", "serve", "admission"], platform_env)
-        start("api", [py, "-m", "api.cli", "serve", "api"], platform_env)
+        for name in ("admission", "api"):  # both stop cleanly on a signal at any time
+            start(name, [py, "-m", "api.cli", "serve", name], platform_env).ready = True
         print(f"waiting for the API at {base} and its view of the fleet (up to 60 s) ...", flush=True)
         _wait_http(base + "/healthz", 60)
         fleet = _wait_fleet(base, secret, [real_alias, TINY_ALIAS], 30)
@@ -324,5 +337,5 @@ def _run(settings: Settings, began: float) -> int:
             if started is None:
                 raise RuntimeError(f"no GenerationStarted for {alias}'s request")
             print(f"'{alias}' ran on worker {started['worker_id']}, revision {started['model_revision']}")
-        print(f"stopping the demo's processes (ran {time.monotonic() - began:.0f} s) ...", flush=True)
+    print(f"done in {time.monotonic() - began:.0f} s")
     return 0
