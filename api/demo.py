@@ -265,7 +265,10 @@ def _run(settings: Settings, began: float) -> int:
 
     def step(what: str, argv: list[str], step_env: dict[str, str], timeout_s: float) -> str:
         print(f"{what} (up to {timeout_s:g} s) ...", flush=True)
-        done = subprocess.run(argv, env=step_env, capture_output=True, text=True, timeout=timeout_s)
+        try:
+            done = subprocess.run(argv, env=step_env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{' '.join(argv[1:])} did not finish within {timeout_s:g} s") from None
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout.strip().splitlines()[-1]
