@@ -89,8 +89,9 @@ class Settings(BaseSettings):
     audit_signing_key: str = Field(default="dev-only-change-me", repr=False)
     grace_s: float = 30.0
     # A worker silent this long (no heartbeat, no leave) is lost: admission ends its running
-    # generations (`worker_lost`) and settles them. Three missed beats of a 1 s interval.
-    worker_lost_after_s: float = Field(default=3.0, gt=0)
+    # generations (`worker_lost`) and settles them. Five missed beats of a 1 s interval: a
+    # loaded host can hold a beat back a second or two, and a false loss ends running work.
+    worker_lost_after_s: float = Field(default=5.0, gt=0)
     default_deadline_ms: int = 120_000
 
     @model_validator(mode="after")

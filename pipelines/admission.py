@@ -55,7 +55,7 @@ from pipelines.routing import Outputs, to_outputs
 
 logger = logging.getLogger(__name__)
 UNBOUNDED_DEADLINE = timedelta(minutes=10)  # a request without a deadline expires after this plus grace
-DEFAULT_LOST_AFTER_S = 3.0  # `Settings.worker_lost_after_s`
+DEFAULT_LOST_AFTER_S = 5.0  # `Settings.worker_lost_after_s`
 
 
 def _ceil_div(a: int, b: int) -> int:

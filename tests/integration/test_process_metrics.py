@@ -230,8 +230,10 @@ def test_api_serves_live_workers_and_free_slots_per_pool_and_revision(tmp_path, 
     try:
         worker.join()
         key = labels(pool="interactive", revision=REVISION)
+        # Its join says what it serves; its free slots come with its first heartbeat.
         found = wait_until(lambda: (f := scrape(f"http://127.0.0.1:{port}/metrics")).get(
-            ("ledgerlm_fleet_serving_workers", key)) and f, 30, what="the API to see the worker")
+            ("ledgerlm_fleet_serving_workers", key)) and f.get(("ledgerlm_fleet_free_slots", key)) and f, 30,
+            what="the API to see the worker and its heartbeat")
         assert found[("ledgerlm_fleet_live_workers", key)] == 1
         assert found[("ledgerlm_fleet_free_slots", key)] == 3
     finally:
