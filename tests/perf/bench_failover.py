@@ -59,7 +59,7 @@ def kafka_url() -> None:
         return
     services = ROOT / ".local" / "services.env"
     for line in services.read_text().splitlines() if services.exists() else []:
-        name, _, value = line.strip().partition("=")
+        name, _, value = line.strip().removeprefix("export ").partition("=")
         if name == "LEDGERLM_TEST_KAFKA":
             os.environ[name] = value.strip().strip('"').strip("'")
 
