@@ -135,6 +135,13 @@ def first_below(samples: list[tuple[float, int]], since: float, workers: int) ->
     return next((at - since for at, n in samples if at >= since and n < workers), None)
 
 
+def error_code(response) -> str | None:
+    try:
+        return (response.json().get("error") or {}).get("code")
+    except ValueError:
+        return "not JSON"
+
+
 class Load:
     """Open-loop requests at `rate` per second from this process; each answer is recorded."""
 
@@ -146,6 +153,7 @@ class Load:
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
         self.pool = ThreadPoolExecutor(256, thread_name_prefix="bench-client")
         self.sent: list[dict] = []
+        self.examples: dict[str, str] = {}  # the first answer of each kind of failure
 
     def one(self, i: int, tenant_id: str, secret: str, priority: str) -> None:
         body = {"model_alias": self.args.alias, "input": f"Request {i}", "max_output_tokens": self.args.tokens,
@@ -154,11 +162,12 @@ class Load:
         self.sent.append(row)
         try:
             response = self.http.post("/v1/generations", json=body, headers={"Authorization": f"Bearer {secret}"})
-            answer = response.json()
-            outcome = "200" if response.status_code == 200 else \
-                f"{response.status_code} {(answer.get('error') or {}).get('code')}"
+            outcome = "200" if response.status_code == 200 else f"{response.status_code} {error_code(response)}"
+            if response.status_code != 200:
+                self.examples.setdefault(outcome, response.text[:300])
         except Exception as exc:  # a timeout or a dropped connection is an outcome too
             outcome = f"client {type(exc).__name__}"
+            self.examples.setdefault(outcome, repr(exc)[:300])
         row.update(answered=time.time(), outcome=outcome)
 
     def run(self, seconds: float, on_tick=None) -> None:
@@ -245,9 +254,10 @@ def run(args) -> dict:
     from tests.helpers import Launched, wait_until
     from tests.perf.deployed import deployed
 
+    from workers.tiny_model import make_tiny_model
+
     home = Path(tempfile.mkdtemp(prefix="bench-failover-"))
-    model = home / "slow-model"
-    model.mkdir()
+    model = make_tiny_model(home / "tiny", seed=0)  # its tokenizer counts the prompts; the engine is fake
     environment = {"LEDGERLM_ENGINE_FACTORY": "tests.slow_engine:SlowEngine.from_settings", "LEDGERLM_CPUS": "all",
                    "LEDGERLM_TEST_TOKEN_PAUSE_S": str(args.token_ms / 1000),
                    "LEDGERLM_WORKER_LOST_AFTER_S": str(args.lost_after_s)}
@@ -263,6 +273,11 @@ def run(args) -> dict:
             load = Load(platform.base_url, keys, args)
             wait_until(lambda: watch.api and watch.api[-1][1] == args.workers, 60,
                        what=f"the API to see {args.workers} workers")
+            # One request of each tenant and priority first, answered before the clock starts:
+            # the API's tokenizer, admission and every worker's first take are warm.
+            primer = Load(platform.base_url, keys, args)
+            primer.run(len(keys) * 2 / args.rate)
+            primer.close()
             kill_at = args.warmup + args.before
             killed: dict = {}
 
@@ -291,7 +306,11 @@ def run(args) -> dict:
     recovered = killed["at"] + max(marks, default=0.0)
     found["windows"] = windows(load.sent, killed["at"], recovered, end, began + args.warmup, args.deadline_ms)
     found["unanswered"] = sum(1 for r in load.sent if "answered" not in r)
-    shutil.rmtree(home, ignore_errors=True)  # kept when the run failed: the processes' logs are there
+    found["examples"] = load.examples
+    if not args.keep:  # kept when the run failed: the processes' logs are there
+        shutil.rmtree(home, ignore_errors=True)
+    else:
+        print(f"the processes' logs are under {home}", flush=True)
     return found
 
 
@@ -336,6 +355,7 @@ def main() -> None:
     parser.add_argument("--before", type=float, default=20.0)
     parser.add_argument("--after", type=float, default=20.0)
     parser.add_argument("--alias", default="tiny", help=argparse.SUPPRESS)
+    parser.add_argument("--keep", action="store_true", help="keep the processes' logs")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     if args.log == "kafka":
