@@ -8,8 +8,9 @@ The platform runs as deployed (`tests/perf/deployed.py`): `ledgerlm serve api`,
 all of one revision, each on an engine of known speed (`tests.slow_engine`, `--token-ms`
 per token, `--max-seqs` at once). A client in this process sends `--rate` non-streamed
 requests a second, open loop, half high priority and half normal, from `--tenants`
-tenants spread over the work topics' partitions, each with `--deadline-ms`. After
-`--warmup` s (not counted) and `--before` s, the worker process running the most
+tenants spread over the work topics' partitions, each with `--deadline-ms`. After a
+primer (one request per tenant and priority, all answered), `--warmup` s (not counted) and
+`--before` s, the worker process running the most
 generations (as its heartbeats say) is SIGKILLed, as a crash would end it; the load runs
 `--after` s more. Reported, from the client and from the log:
 
