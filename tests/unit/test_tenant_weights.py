@@ -100,3 +100,27 @@ def test_a_small_weight_still_gets_a_slot():
     slots.started("gold", 3.0)
     slots.seen("basic", 1.0)
     assert slots.may_start("basic"), "a share below one slot rounds up, so the slot is not left idle"
+
+
+def test_queue_and_slots_together_serve_a_flood_three_to_one():
+    """As a pool worker uses them: every freed slot goes to the next eligible item. Runs
+    take slightly different times, so slots free one at a time, each the last free one."""
+    now = [0.0]
+    queue, slots = FairQueue(quantum=256), Headroom(4, clock=lambda: now[0])
+    for n in range(48):
+        for tenant, weight in (("gold", 3.0), ("basic", 1.0)):
+            queue.push(Item(tenant, "normal", 256, n, weight=weight))
+            slots.seen(tenant, weight)
+    running: list[tuple[float, str]] = []
+    order: list[str] = []
+    while len(order) < 48:
+        while (taken := queue.pop(lambda i: slots.may_start(i.tenant_id))) is not None:
+            slots.started(taken.tenant_id)
+            order.append(taken.tenant_id)
+            running.append((now[0] + 1.0 + len(order) % 7 * 0.05, taken.tenant_id))
+        now[0] = min(at for at, _ in running)
+        for ended in [r for r in running if r[0] == now[0]]:
+            running.remove(ended)
+            slots.finished(ended[1])
+    got = Counter(order[8:48])  # past the first fill of the slots
+    assert got == {"gold": 30, "basic": 10}, got
