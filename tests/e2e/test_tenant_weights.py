@@ -140,6 +140,7 @@ def test_weights_share_a_worker_three_to_one_under_a_flood(platform, weighted_re
     basic_runs = sum(r.startswith(basic) for r in window)
     assert gold_runs + basic_runs == len(window)
     assert 2.2 <= gold_runs / max(basic_runs, 1) <= 4.0, f"gold {gold_runs}, basic {basic_runs}"
+    wait_until(lambda: len(engine.started) == len(flood), 120, what="the rest of the flood to be served")
     platform.check()
 
 
