@@ -120,9 +120,8 @@ def weighted_revision(platform):
 
 def test_weights_share_a_worker_three_to_one_under_a_flood(platform, weighted_revision):
     revision, engine = weighted_revision
-    gold, _ = platform.tenant()
+    gold, _ = platform.tenant(fair_share_weight=3.0)
     basic, _ = platform.tenant()
-    admin.set_limits(platform.view, tenant_id=gold, actor="tests", fair_share_weight=3.0)
     # 256 tokens a request (the prompt's count is what admission and the queue weigh; the
     # fake engine makes 4 tokens of it), one quantum of the worker's fair queue: gold's
     # turn covers three requests, basic's one.
