@@ -109,7 +109,7 @@ def weighted_revision(platform):
     admin.approve_model(platform.view, alias=f"weighted-{tag}", model_revision=revision,
                         model_path=str(platform.runner.engine.config.model), engine_config_hash="slow-engine",
                         max_model_len=512, actor="tests")
-    engine = RecordingSlowEngine(pause_s=0.02)
+    engine = RecordingSlowEngine(pause_s=0.05)  # 0.2 s a generation
     runner = EngineRunner(engine, name="slow-engine").start()
     loop = platform.start_worker(runner=runner, revision=revision, max_in_flight=4)
     yield revision, engine
@@ -126,18 +126,25 @@ def test_weights_share_a_worker_three_to_one_under_a_flood(platform, weighted_re
     # fake engine makes 4 tokens of it), one quantum of the worker's fair queue: gold's
     # turn covers three requests, basic's one.
     size = {"input_tokens": 252, "max_output_tokens": 4}
-    per_tenant = 48
+    per_tenant = 64
     flood = [env for pair in zip(requests_for(platform.admin_log, gold, revision, per_tenant, **size),
                                  requests_for(platform.admin_log, basic, revision, per_tenant, **size))
              for env in pair]
     publish(platform.admin_log, topics.REQUESTS, flood)
-    wait_until(lambda: len(engine.started) >= 48, 120, what="the worker to work through the flood")
-    # Both tenants are backlogged throughout (each sent 48): skip the first fill of the slots,
-    # which starts whatever came first, and count who got the slots after that.
-    window = engine.started[8:48]
+
+    def both_busy_for(count: int) -> list[str] | None:
+        """`count` starts from one round after basic's first, when both tenants were seen
+        and the slots gold took alone are being given back."""
+        first = next((n for n, r in enumerate(engine.started) if r.startswith(basic)), None)
+        if first is None or len(engine.started) < first + 4 + count:
+            return None
+        return engine.started[first + 4:first + 4 + count]
+
+    window = wait_until(lambda: both_busy_for(40), 120, what="the worker to work through the flood")
     gold_runs = sum(r.startswith(gold) for r in window)
     basic_runs = sum(r.startswith(basic) for r in window)
     assert gold_runs + basic_runs == len(window)
+    # Both are backlogged throughout the window (64 each, gold needs about 30 of them).
     assert 2.2 <= gold_runs / max(basic_runs, 1) <= 4.0, f"gold {gold_runs}, basic {basic_runs}"
     wait_until(lambda: len(engine.started) == len(flood), 120, what="the rest of the flood to be served")
     platform.check()
