@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from models.quota import LIMIT_FIELDS
+from models.quota import LIMIT_FIELDS, MAX_FAIR_SHARE_WEIGHT, Limits
 from models.settings import Settings
 
 LIMIT_HELP = {
@@ -21,6 +21,8 @@ LIMIT_HELP = {
     "max_output_tokens": "largest max_output_tokens",
     "batch_tokens_per_window": "tokens per window for batch jobs",
     "pool": "dedicated pool name ('interactive' for the shared pool)",
+    "fair_share_weight": "share of a pool worker's tokens against other busy tenants (default 1.0)",
+    "may_send_high": "whether the tenant may send priority high: yes or no (default no)",
 }
 
 
@@ -35,6 +37,25 @@ def _limit_value(text: str) -> int | None:
 
 def _pool(text: str) -> str | None:
     return None if text.lower() in ("none", "-", "interactive") else text
+
+
+def _weight(text: str) -> float | None:
+    if text.lower() in ("none", "default", "-"):
+        return None
+    value = float(text)
+    if not 0 < value <= MAX_FAIR_SHARE_WEIGHT:
+        raise argparse.ArgumentTypeError(f"a weight is above 0 and at most {MAX_FAIR_SHARE_WEIGHT:g}")
+    return value
+
+
+def _yes_no(text: str) -> bool | None:
+    answer = {"yes": True, "true": True, "no": False, "false": False, "none": None, "default": None}.get(text.lower())
+    if answer is None and text.lower() not in ("none", "default"):
+        raise argparse.ArgumentTypeError("yes or no")
+    return answer
+
+
+LIMIT_TYPES = {"pool": _pool, "fair_share_weight": _weight, "may_send_high": _yes_no}
 
 
 def add_admin_parser(sub) -> None:
@@ -56,7 +77,7 @@ def add_admin_parser(sub) -> None:
     set_ = limits.add_parser("set", help="change some limits; 'none' lifts one")
     set_.add_argument("tenant_id")
     for name in LIMIT_FIELDS:
-        kind = _pool if name == "pool" else _limit_value
+        kind = LIMIT_TYPES.get(name, _limit_value)
         set_.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS,
                           help=LIMIT_HELP[name])
     limits.add_parser("show").add_argument("tenant_id")
@@ -117,7 +138,7 @@ def _run(admin, view, args, actor: str):
     elif what == "limits" and action == "set":
         changes = {name: getattr(args, name) for name in LIMIT_FIELDS if hasattr(args, name)}
         env = admin.set_limits(view, tenant_id=args.tenant_id, actor=actor, **changes)
-        yield {"tenant_id": args.tenant_id, **{name: getattr(env.payload, name) for name in LIMIT_FIELDS}}
+        yield {"tenant_id": args.tenant_id, **Limits.from_payload(env.payload).as_dict()}
     elif what == "limits" and action == "show":
         registry = view.refresh()
         if args.tenant_id not in registry.tenants:

@@ -85,7 +85,9 @@ class ModelAliasDeleted(Payload):
 class TenantLimitsChanged(Payload):
     """A tenant's complete limits after the change (not a patch), so the latest event alone
     says what applies. None means unlimited; `window_seconds` None means the default window
-    (`models.quota.DEFAULT_WINDOW_S`); `pool` names a dedicated pool, None the shared one."""
+    (`models.quota.DEFAULT_WINDOW_S`); `pool` names a dedicated pool, None the shared one.
+    `fair_share_weight` (None: 1.0) and `may_send_high` (None: not entitled) came later:
+    absent, they are left out of the bytes, so older events encode as before."""
 
     tenant_id: str
     requests_per_minute: int | None = Field(default=None, ge=0)
@@ -98,3 +100,5 @@ class TenantLimitsChanged(Payload):
     batch_tokens_per_window: int | None = Field(default=None, ge=0)  # batch jobs, accounted apart
     pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     actor: str
+    fair_share_weight: float | None = Field(default=None, gt=0, le=1000, exclude_if=lambda v: v is None)
+    may_send_high: bool | None = Field(default=None, exclude_if=lambda v: v is None)

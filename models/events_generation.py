@@ -17,7 +17,7 @@ Priority = Literal["high", "normal", "batch"]
 FinishReason = Literal["stop", "length"]
 RejectReason = Literal[
     "rate", "concurrency", "tokens", "spend", "input_too_large", "output_too_large",
-    "deadline", "unknown_model", "tenant_disabled", "model_retired",
+    "deadline", "unknown_model", "tenant_disabled", "model_retired", "priority_not_allowed",
 ]
 
 
@@ -110,6 +110,10 @@ class GenerationQueued(Payload):
     request: GenerationRequested
     reservation_id: str
     queued_at: datetime
+    # The tenant's fair-share weight when admitted, so a worker weighs its queue without
+    # reading the registry; absent (and left out of the bytes) on work queued before
+    # weights existed, which weighs 1.0.
+    fair_share_weight: float | None = Field(default=None, gt=0, exclude_if=lambda v: v is None)
 
 
 @event("GenerationStarted")

@@ -24,12 +24,23 @@ RATE_WINDOW = timedelta(seconds=60)
 UNKNOWN_RETRY_MS = 1000
 
 LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
-                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool")
+                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool",
+                "fair_share_weight", "may_send_high")
+DEFAULT_FAIR_SHARE_WEIGHT = 1.0
+MAX_FAIR_SHARE_WEIGHT = 1000.0  # a ratio of 1000:1 already starves the lighter tenant for all practical use
 
 
 @dataclass(frozen=True)
 class Limits:
-    """One tenant's limits; None is unlimited. Built from the latest `TenantLimitsChanged`."""
+    """One tenant's limits; None is unlimited. Built from the latest `TenantLimitsChanged`.
+
+    Two are not ceilings but standing: `fair_share_weight`, the tenant's share of a pool
+    worker's tokens against other busy tenants (3.0 gets three times a 1.0 tenant's tokens
+    under backlog), and `may_send_high`, whether the tenant may send priority `high`. High
+    priority is granted, never assumed: it jumps every normal queue and is the last shed
+    when capacity falls, so a tenant has it only once an admin said so. A tenant with no
+    limits event, or whose events predate these two fields, has weight 1.0 and no `high`.
+    """
 
     requests_per_minute: int | None = None
     max_concurrent: int | None = None
@@ -40,10 +51,17 @@ class Limits:
     max_output_tokens: int | None = None
     batch_tokens_per_window: int | None = None
     pool: str | None = None
+    fair_share_weight: float = DEFAULT_FAIR_SHARE_WEIGHT
+    may_send_high: bool = False
 
     @classmethod
     def from_payload(cls, payload) -> "Limits":
-        return cls(**{name: getattr(payload, name) for name in LIMIT_FIELDS})
+        values = {name: getattr(payload, name, None) for name in LIMIT_FIELDS}
+        # Absent on events written before they existed: the defaults apply.
+        if values["fair_share_weight"] is None:
+            values["fair_share_weight"] = DEFAULT_FAIR_SHARE_WEIGHT
+        values["may_send_high"] = bool(values["may_send_high"])
+        return cls(**values)
 
     @property
     def window(self) -> timedelta:

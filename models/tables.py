@@ -7,8 +7,8 @@ database gives the same rows, and `pipelines.audit.digest` the same digest per t
 from __future__ import annotations
 
 from sqlalchemy import (
-    BigInteger, Boolean, Column, DateTime, Index, Integer, LargeBinary, MetaData, PrimaryKeyConstraint, String,
-    Table, Text,
+    BigInteger, Boolean, Column, DateTime, Float, Index, Integer, LargeBinary, MetaData, PrimaryKeyConstraint,
+    String, Table, Text,
 )
 
 metadata = MetaData(naming_convention={
@@ -146,6 +146,8 @@ tenant_limits = Table(
     Column("max_output_tokens", Integer),
     Column("batch_tokens_per_window", BigInteger),
     Column("pool", String(64)),
+    Column("fair_share_weight", Float),  # as in force: 1.0 when the event gave none
+    Column("may_send_high", Boolean),  # as in force: false when the event gave none
     Column("changed_at", DateTime(timezone=True), nullable=False),
     Column("changed_by", String(200)),
 )

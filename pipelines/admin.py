@@ -175,7 +175,8 @@ def approve_model(
 
 
 def set_limits(view: RegistryView, *, tenant_id: str, actor: str, **changes) -> Envelope:
-    """Changes some of a tenant's limits (a value of None lifts that limit); the event
+    """Changes some of a tenant's limits (a value of None lifts that limit, or restores the
+    default of `fair_share_weight` (1.0) and `may_send_high` (not entitled)); the event
     carries the complete limits in force afterwards. A dedicated pool's work topics are
     created here, before any work can be routed to them."""
     registry = view.refresh()

@@ -122,6 +122,9 @@ def handle_requested(
         return reject(env, Reject("model_retired", f"model revision {req.model_revision} is retired"),
                       book=book, now=now)
     limits = registry.limits_for(env.tenant_id)
+    if req.priority == "high" and not limits.may_send_high:  # the API refuses it first; a grant may be lifted since
+        return reject(env, Reject("priority_not_allowed", "this tenant may not send priority 'high'"),
+                      book=book, now=now)
     ask = Ask(input_tokens=req.input_tokens, max_output_tokens=req.max_output_tokens,
               cost_micros=cost_micros(revision, req.input_tokens, req.max_output_tokens),
               deadline_at=req.deadline_at,
@@ -139,7 +142,8 @@ def handle_requested(
     admitted = caused_by(env, GenerationAdmitted(
         request_id=req.request_id, reservation_id=reservation_id, work_topic=work_topic.name), occurred_at=now)
     queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id,
-                                             queued_at=max(now, queued_at or now)), occurred_at=now)
+                                             queued_at=max(now, queued_at or now),
+                                             fair_share_weight=limits.fair_share_weight), occurred_at=now)
     book.apply(reserved)
     return [(topics.LEDGER, reserved), (topics.LEDGER, admitted), (work_topic, queued)]
 

@@ -68,6 +68,9 @@ def submit_generation(
     partition (the API's stream follower has one); the partition's end is read otherwise.
     `fleet`: where the live workers are known; a revision no live worker serves is refused
     (503) before anything is written, rather than left to wait until its deadline."""
+    if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
+        raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
+                              "grants it (limit may_send_high)", "priority")
     revision = registry.resolve_alias(cmd.model_alias, principal.tenant_id)
     retired = registry.retired_behind(cmd.model_alias, principal.tenant_id) if revision is None else None
     if retired is not None:

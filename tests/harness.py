@@ -56,10 +56,13 @@ def isolated_log_opener(kind: str, home: Path, *, kafka_url: str = "", prefix: s
 
 
 def new_tenant(view: RegistryView, *, scopes: tuple[str, ...] = ("generate", "batch", "usage"),
-               application: str = "default", actor: str = "tests") -> tuple[str, str]:
-    """A new tenant and an API key for it, written through `view`: (tenant_id, secret)."""
+               application: str = "default", actor: str = "tests", **limits) -> tuple[str, str]:
+    """A new tenant and an API key for it, written through `view`: (tenant_id, secret).
+    `limits` are set first (`may_send_high=True` for a tenant that sends priority high)."""
     tenant_id = "t" + uuid.uuid4().hex[:10]
     admin.create_tenant(view, tenant_id=tenant_id, name=tenant_id, actor=actor)
+    if limits:
+        admin.set_limits(view, tenant_id=tenant_id, actor=actor, **limits)
     secret, _ = admin.issue_key(view, tenant_id=tenant_id, actor=actor, scopes=scopes, application_id=application)
     return tenant_id, secret
 
@@ -195,9 +198,10 @@ class Platform:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def tenant(self, *, scopes: tuple[str, ...] = ("generate", "batch", "usage"), application: str = "default"):
-        """A new tenant and an API key for it: (tenant_id, secret)."""
-        return new_tenant(self.view, scopes=scopes, application=application)
+    def tenant(self, *, scopes: tuple[str, ...] = ("generate", "batch", "usage"), application: str = "default",
+               **limits):
+        """A new tenant and an API key for it, with `limits` if given: (tenant_id, secret)."""
+        return new_tenant(self.view, scopes=scopes, application=application, **limits)
 
     def client(self, secret: str | None = None, timeout_s: float = 120.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {secret}"} if secret else {}

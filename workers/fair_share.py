@@ -4,13 +4,17 @@
 before normal. Each turn a tenant's deficit grows by `quantum × weight` tokens and it
 starts work while the deficit covers the next item's tokens (input + max output), so
 over time each busy tenant gets tokens in proportion to its weight, whatever the
-number or size of its requests.
+number or size of its requests. The weight is the tenant's `fair_share_weight` limit,
+which each item carries as admission decided it (`GenerationQueued.fair_share_weight`),
+so a worker weighs its queue without reading the registry; the head item's counts.
 
 `Headroom`: which tenants may take a free engine slot. Every slot is used (no capacity
 is held back while only one tenant is busy), except the last free one: a tenant already
 over its fair share of slots may not take it while another tenant was active recently.
 That slot waits for the light tenant, whose next request then starts at once instead of
-waiting for a heavy tenant's generation to end.
+waiting for a heavy tenant's generation to end. A tenant's fair share of slots is in
+proportion to its weight among the recently active tenants (at least one slot), so under
+backlog, when every free slot is the last one, the slots, like the queue, go by weight.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class Item(Generic[T]):
     tokens: int
     value: T  # what is queued (a pool worker queues `workers.interactive.QueuedWork`)
     dropped: bool = False  # taken elsewhere meanwhile: skipped, never started
+    weight: float = 1.0  # its tenant's fair-share weight, as admitted
 
 
 @dataclass
@@ -41,7 +46,8 @@ class _Ring:
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, *, quantum: int = 256, weight: Callable[[str], float] = lambda tenant: 1.0):
+    def __init__(self, *, quantum: int = 256, weight: Callable[[str], float] | None = None):
+        """`weight`: a tenant's weight; None takes the one its head item carries."""
         if quantum <= 0:
             raise ValueError("quantum must be positive")
         self.quantum, self.weight = quantum, weight
@@ -89,7 +95,8 @@ class FairQueue(Generic[T]):
                     continue
                 head = ring.queues[tenant][0]
                 if tenant not in ring.granted:
-                    ring.deficit[tenant] += self.quantum * self.weight(tenant)
+                    weight = head.weight if self.weight is None else self.weight(tenant)
+                    ring.deficit[tenant] += self.quantum * weight
                     ring.granted.add(tenant)
                 if ring.deficit[tenant] >= head.tokens:
                     ring.deficit[tenant] -= head.tokens
@@ -140,14 +147,17 @@ class Headroom:
         self.capacity, self.take_ahead, self.recent_s, self._clock = capacity, take_ahead, recent_s, clock
         self.in_flight: Counter = Counter()
         self._last_seen: dict[str, float] = {}
+        self._weights: dict[str, float] = {}  # as the tenant's latest work carried it
 
     @property
     def free(self) -> int:
         return self.capacity + self.take_ahead - sum(self.in_flight.values())
 
-    def seen(self, tenant_id: str) -> None:
-        """Work of the tenant arrived (queued or started)."""
+    def seen(self, tenant_id: str, weight: float | None = None) -> None:
+        """Work of the tenant arrived (queued or started), carrying its weight if given."""
         self._last_seen[tenant_id] = self._clock()
+        if weight is not None:
+            self._weights[tenant_id] = weight
 
     def may_start(self, tenant_id: str) -> bool:
         total = sum(self.in_flight.values())
@@ -157,16 +167,23 @@ class Headroom:
             return True
         now = self._clock()
         others = [t for t, at in self._last_seen.items() if t != tenant_id and now - at <= self.recent_s]
-        return not others or self.in_flight[tenant_id] < self.capacity // (len(others) + 1)
+        return not others or self.in_flight[tenant_id] < self.fair_slots(tenant_id, others)
+
+    def fair_slots(self, tenant_id: str, others: list[str]) -> int:
+        """The tenant's share of the engine's slots among itself and `others`, by weight."""
+        weight = self._weights.get(tenant_id, 1.0)
+        total = weight + sum(self._weights.get(t, 1.0) for t in others)
+        # The epsilon keeps an exact share (4 × 3/4) from falling a slot short in floats.
+        return max(1, int(self.capacity * weight / total + 1e-9))
 
     def may_run_at_once(self, tenant_id: str) -> bool:
         """`may_start`, in a slot inside the engine's capacity: work started now runs at
         once instead of waiting in a take-ahead slot."""
         return sum(self.in_flight.values()) < self.capacity and self.may_start(tenant_id)
 
-    def started(self, tenant_id: str) -> None:
+    def started(self, tenant_id: str, weight: float | None = None) -> None:
         self.in_flight[tenant_id] += 1
-        self.seen(tenant_id)
+        self.seen(tenant_id, weight)
 
     def finished(self, tenant_id: str) -> None:
         self.in_flight[tenant_id] -= 1

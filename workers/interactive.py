@@ -314,12 +314,13 @@ class InteractiveWorker:
             if request_id in self._items:
                 return
             item = Item(env.tenant_id, p.request.priority, p.request.input_tokens + p.request.max_output_tokens,
-                        QueuedWork(record.topic, record.partition, record.offset, env))
+                        QueuedWork(record.topic, record.partition, record.offset, env),
+                        weight=p.fair_share_weight or 1.0)
             self._items[request_id] = item
             self._positions.hold((record.topic, record.partition), record.offset)
             with self._slots_lock:  # `offer` looks at the queue from admission's thread
                 self._queue.push(item)
-                self._slots.seen(env.tenant_id)
+                self._slots.seen(env.tenant_id, item.weight)
         elif (item := self._items.pop(getattr(p, "request_id", ""), None)) is not None:
             # Someone (a previous owner of this partition) took it already.
             self._queue.drop(item)
@@ -390,7 +391,7 @@ class InteractiveWorker:
             queued_ms=_ms_since(queued.payload.queued_at, now)))
         # vLLM's order for what waits inside it: class first, then the lighter tenant.
         priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[queued.tenant_id])
-        self._slots.started(queued.tenant_id)
+        self._slots.started(queued.tenant_id, queued.payload.fair_share_weight)
         return started, priority
 
     def offer(self, queued: Envelope, work_topic: Topic) -> Taking | None:
@@ -409,7 +410,7 @@ class InteractiveWorker:
                 return None
             started, priority = self._start_locked(queued, datetime.now(timezone.utc))
         item = Item(queued.tenant_id, req.priority, req.input_tokens + req.max_output_tokens,
-                    QueuedWork(work_topic.name, -1, -1, queued))
+                    QueuedWork(work_topic.name, -1, -1, queued), weight=queued.payload.fair_share_weight or 1.0)
         taken: Future = Future()
         serving = self._launch(item, started, priority, taken)
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import ServicesDep, current_principal
 from api.errors import ApiError
 from models.events_admin import Scope
-from models.quota import MAX_WINDOW_S
+from models.quota import MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S
 from pipelines import admin
 
 router = APIRouter(prefix="/v1/admin")
@@ -72,6 +72,9 @@ class LimitsBody(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=0)
     batch_tokens_per_window: int | None = Field(default=None, ge=0)
     pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    # Null restores the default: weight 1.0, and no right to send priority `high`.
+    fair_share_weight: float | None = Field(default=None, gt=0, le=MAX_FAIR_SHARE_WEIGHT)
+    may_send_high: bool | None = None
 
 
 class ModelBody(BaseModel):

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, tuple_
 
+from models.quota import Limits
 from models.tables import audit_trail, batch_chunks, batches, generations, open_reservations, quota_usage, \
     tenant_limits, usage_ledger
 from pipelines.projections.generations import utc
@@ -15,6 +16,7 @@ from pipelines.projections.quotas import LIMIT_FIELDS
 
 GroupBy = Literal["day", "model", "application"]
 DEFAULT_WINDOW_S = 3600  # when a tenant's limits name no window; as models.quota (admission)
+NO_LIMITS = Limits()  # what a tenant that never had a limits event has
 
 
 def _conn(db: Engine | Connection):
@@ -134,7 +136,7 @@ def tenant_quota(db: Engine | Connection, tenant_id: str, now: datetime) -> dict
     now = utc(now)
     with _conn(db) as conn:
         limit_row = conn.execute(select(tenant_limits).where(tenant_limits.c.tenant_id == tenant_id)).first()
-        limits = {f: (limit_row._mapping[f] if limit_row else None) for f in LIMIT_FIELDS}
+        limits = {f: (limit_row._mapping[f] if limit_row else getattr(NO_LIMITS, f)) for f in LIMIT_FIELDS}
         window = limits["window_seconds"] or DEFAULT_WINDOW_S
         q = quota_usage.c
 

@@ -16,12 +16,14 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from models import topics
+from models.quota import DEFAULT_FAIR_SHARE_WEIGHT
 from models.tables import open_reservations, quota_usage, tenant_limits
 from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import add_to, delete_by_keys, insert_new, upsert
 
 LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
-                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool")
+                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool",
+                "fair_share_weight", "may_send_high")
 COUNTERS = ("requests", "tokens", "cost_micros")
 
 
@@ -53,6 +55,9 @@ class QuotasProjection(Projection):
                 tenant = p.get("tenant_id") or e.tenant_id
                 limits[tenant] = {"tenant_id": tenant, **{f: p.get(f) for f in LIMIT_FIELDS},
                                   "changed_at": e.at(), "changed_by": p.get("actor")}
+                # Absent from events older than these two: the defaults were in force.
+                limits[tenant]["fair_share_weight"] = float(p.get("fair_share_weight") or DEFAULT_FAIR_SHARE_WEIGHT)
+                limits[tenant]["may_send_high"] = bool(p.get("may_send_high"))
             elif e.type == "BudgetReserved":
                 bucket(e)["requests"] += 1
                 key = (e.tenant_id, p["request_id"])

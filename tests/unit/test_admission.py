@@ -54,7 +54,8 @@ def types(outputs) -> list[tuple[str, str]]:
 
 def test_admitted_request_is_reserved_and_queued_by_priority():
     book = ReservationBook()
-    out = handle_requested(requested("r1", priority="high"), registry=registry(), book=book, now=T0, grace=GRACE)
+    out = handle_requested(requested("r1", priority="high"), registry=registry(may_send_high=True), book=book, now=T0,
+                           grace=GRACE)
     assert types(out) == [(topics.LEDGER.name, "BudgetReserved"), (topics.LEDGER.name, "GenerationAdmitted"),
                           (topics.work_topic(None, "high", REV).name, "GenerationQueued")]
     reserved = out[0][1].payload
