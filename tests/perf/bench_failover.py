@@ -80,6 +80,7 @@ def tenants(view, count: int) -> list[tuple[str, str]]:
             continue
         per[partition] += 1
         admin.create_tenant(view, tenant_id=tenant_id, name=tenant_id, actor="bench")
+        admin.set_limits(view, tenant_id=tenant_id, actor="bench", may_send_high=True)  # half its load is high
         secret, _ = admin.issue_key(view, tenant_id=tenant_id, actor="bench", scopes=("generate",),
                                     application_id="default")
         made.append((tenant_id, secret))
