@@ -8,6 +8,7 @@ import time
 from models.events import decode
 from models.events_fleet import Capacity
 from models.topics import FLEET
+from tests.helpers import wait_until
 from workers.fleet_presence import FleetPresence, Load, WorkerIdentity
 
 IDENTITY = WorkerIdentity(worker_id="w1", pool="interactive", model_revision="rev-a", engine_config_hash="h",
@@ -118,10 +119,7 @@ def test_close_says_the_worker_left_and_stops_the_beats():
     log = FakeLog()
     p = FleetPresence(log, IDENTITY, lambda: LOAD, interval_s=0.01)
     p.start()
-    deadline = time.monotonic() + 10
-    while "WorkerHeartbeat" not in log.types():
-        assert time.monotonic() < deadline, "no heartbeat from the thread"
-        time.sleep(0.01)
+    wait_until(lambda: "WorkerHeartbeat" in log.types(), 10, what="a heartbeat from the thread")
     p.close("shutdown", exit_code=3)
     count = len(log.appended)
     assert log.types()[-1] == "WorkerLeft" and log.appended[-1][1].exit_code == 3
