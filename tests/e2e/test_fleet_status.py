@@ -17,8 +17,10 @@ def fleet_worker(client, worker_id: str) -> dict | None:
     return next((w for w in response.json()["workers"] if w["worker_id"] == worker_id), None)
 
 
-def pool_of(client, revision: str) -> dict | None:
-    return next((p for p in client.get("/v1/admin/fleet").json()["pools"] if p["model_revision"] == revision), None)
+def pool_of(client, revision: str, pool: str) -> dict | None:
+    # Earlier tests may have left workers of the same revision in other pools: match both.
+    return next((p for p in client.get("/v1/admin/fleet").json()["pools"]
+                 if (p["pool"], p["model_revision"]) == (pool, revision)), None)
 
 
 def test_the_fleet_needs_the_admin_scope(platform):
@@ -40,8 +42,8 @@ def test_the_fleet_shows_each_worker_its_revision_capacity_and_state(platform):
         assert ours["engine_config_hash"] == engine.engine_config_hash()
         assert ours["capacity"]["max_seqs"] == 8 and ours["capacity"]["max_model_len"] == engine.config.max_model_len
         assert ours["last_heartbeat_age_s"] < 5 and ours["load"]["free_slots"] <= 8
-        ours_pool = wait_until(lambda: (p := pool_of(ops, platform.model_revision)) and p["workers"] >= 1 and p,
-                               30, what="the pool summary to count the platform's worker")
+        ours_pool = wait_until(lambda: (p := pool_of(ops, platform.model_revision, ours["pool"]))
+                               and p["workers"] >= 1 and p, 30, what="the pool summary to count the platform's worker")
         assert ours_pool["workers"] >= 1 and ours_pool["max_seqs"] >= 8
 
         revision = f"fake@{uuid.uuid4().hex[:8]}"
@@ -52,14 +54,15 @@ def test_the_fleet_shows_each_worker_its_revision_capacity_and_state(platform):
                                 and w, 30, what="the second worker to join the fleet")
             assert (second["model_revision"], second["engine_config_hash"]) == (revision, "fake")
             assert second["capacity"]["max_seqs"] == 3
-            assert (pool_of(ops, revision)["workers"], pool_of(ops, revision)["max_seqs"]) == (1, 3)
+            theirs = pool_of(ops, revision, second["pool"])
+            assert (theirs["workers"], theirs["max_seqs"]) == (1, 3)
 
             loop.worker.silence()  # its heartbeats stop, as a crash would leave it
             lost = wait_until(lambda: (w := fleet_worker(ops, loop.worker.worker_id))["status"] == "lost" and w,
                               15, what="the silent worker to be shown lost")
             assert lost["last_heartbeat_age_s"] > 1 and lost["left_at"] is None
-            assert pool_of(ops, revision)["workers"] == 0
-            assert pool_of(ops, revision)["by_status"]["lost"] == 1
+            assert pool_of(ops, revision, second["pool"])["workers"] == 0
+            assert pool_of(ops, revision, second["pool"])["by_status"]["lost"] == 1
             assert fleet_worker(ops, platform.worker.worker_id)["status"] == "live"
         finally:
             loop.halt()
