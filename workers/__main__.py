@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -118,13 +119,38 @@ def resolve_worker_revision(settings: Settings, *, revision: str | None = None, 
     return settings, serving
 
 
+@dataclass
+class StartedWorker:
+    """A worker on a warm engine, not yet in the fleet, and what it holds beside the engine."""
+
+    worker: object  # workers.interactive.InteractiveWorker
+    cancel_log: object
+    cpus: set[int] | None
+    engine_cpus: set[int]
+
+
+def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, pool: str | None) -> StartedWorker:
+    """Checks the loaded engine against the revision, warms it and builds the worker on it."""
+    from workers.interactive import InteractiveWorker
+    from workers.revision import check_engine, warm_up
+
+    config_hash = check_engine(runner.engine, serving)  # from the engine it actually loaded
+    runner.submit(warm_up(runner.engine), timeout=300)  # warm before it joins the fleet
+    cpus = place_beside_engine(settings, runner.engine)
+    engine_cpus = runner.engine.pin_to_compute_cpus() if settings.engine_pinned else set()
+    cancel_log = platform.event_log(create_topics=False)
+    worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
+                               take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
+                               stream_linger_s=settings.stream_linger_ms / 1000,
+                               revision=serving.model_revision, engine_config_hash=config_hash)
+    return StartedWorker(worker, cancel_log, cpus, engine_cpus)
+
+
 def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
                  alias: str | None = None) -> int:
     from pipelines.metrics import AdmissionMetrics, serve_metrics
     from workers.engine_runner import EngineRunner
-    from workers.interactive import InteractiveWorker
     from workers.metrics import worker_metrics
-    from workers.revision import check_engine, warm_up
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,15 +161,8 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
     log = platform.event_log()
     runner = EngineRunner(platform.engine()).start()
     try:
-        config_hash = check_engine(runner.engine, serving)  # from the engine it actually loaded
-        runner.submit(warm_up(runner.engine), timeout=300)  # warm before it joins the fleet
-        cpus = place_beside_engine(settings, runner.engine)
-        engine_cpus = runner.engine.pin_to_compute_cpus() if settings.engine_pinned else set()
-        cancel_log = platform.event_log(create_topics=False)
-        worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
-                                   take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
-                                   stream_linger_s=settings.stream_linger_ms / 1000,
-                                   revision=serving.model_revision, engine_config_hash=config_hash)
+        started = start_worker(platform, settings, log, runner, serving, pool)
+        worker = started.worker
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
         server = serve_metrics(settings, worker_metrics(worker),
                                *([admission_metrics.registry] if admission_metrics else []))
@@ -152,18 +171,16 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead,
                           "admits": close_admission is not None, "metrics_port": server and server.port,
                           "revision": serving.model_revision,
-                          "cpus": format_cpu_list(cpus) if cpus else None,
-                          "engine_cpus": format_cpu_list(engine_cpus) if engine_cpus else None}), flush=True)
+                          "cpus": format_cpu_list(started.cpus) if started.cpus else None,
+                          "engine_cpus": format_cpu_list(started.engine_cpus) if started.engine_cpus else None}),
+              flush=True)
         try:
             worker.run(stop)
         finally:
             stop.set()
-            if close_admission is not None:
-                close_admission()
-            worker.close()
-            cancel_log.close()
-            if server is not None:
-                server.close()
+            for close in (close_admission, worker.close, started.cancel_log.close, server and server.close):
+                if close is not None:
+                    close()
     finally:
         runner.close()
         log.close()
