@@ -35,13 +35,19 @@ def _read_json(path: Path, what: str):
         raise PlanError(f"the {what} {path} is not JSON: {exc}") from None
 
 
+def _model_home(path: Path) -> Path:
+    """The model directory, given it or its config.json."""
+    return path.parent if path.name == "config.json" else path
+
+
 def read_model_dir(directory: Path, *, dtype: str | None = None) -> ModelShape:
-    config = directory if directory.name == "config.json" else directory / "config.json"
+    config = _model_home(directory) / "config.json"
     return model_shape_from_config(_read_json(config, "model config"), dtype=dtype)
 
 
 def weights_gb_of(directory: Path) -> float:
     """The size of a model directory's weight files, the first kind of them found."""
+    directory = _model_home(directory)
     for pattern in WEIGHT_PATTERNS:
         files = sorted(directory.glob(pattern))
         if files:
@@ -194,13 +200,14 @@ def working(out: dict) -> str:
 
 
 def as_json(out: dict) -> str:
+    source = None
+    if out["replicas"] is not None:
+        source = "given" if out["measured"] is None else {"loadtest_file": out["loadtest_file"],
+                                                         **asdict(out["measured"])}
     doc = {"units": {"GB": GB, "hours_per_month": 730},
            "kv": asdict(out["kv"]) if out["kv"] else None,
            "replicas": asdict(out["replicas"]) if out["replicas"] else None,
-           "per_replica_source": ("given" if out["measured"] is None else
-                                  {"loadtest_file": out["loadtest_file"], **asdict(out["measured"])}) if
-           out["replicas"] else None,
-           "weights_from_dir": out["weights_from_dir"]}
+           "per_replica_source": source, "weights_from_dir": out["weights_from_dir"]}
     return json.dumps(doc, indent=2, ensure_ascii=False)
 
 
