@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -110,9 +111,11 @@ def plan(args: argparse.Namespace) -> dict:
 
 
 def num(value: float, places: int = 2) -> str:
-    """1,234 for whole numbers, 17.14 otherwise."""
+    """1,234 for whole numbers, 17.14 otherwise, and three significant digits below 1."""
     if abs(value - round(value)) < 1e-9:
         return f"{round(value):,}"
+    if places and abs(value) < 1:
+        places = max(places, 2 - math.floor(math.log10(abs(value))))
     return f"{value:,.{places}f}".rstrip("0").rstrip(".")
 
 
@@ -120,8 +123,17 @@ def money(value: float) -> str:
     return f"${num(value)}" if abs(value - round(value)) < 1e-9 else f"${value:,.2f}"
 
 
+def _label(text: str) -> str:
+    """A line's label, padded so the figures line up."""
+    return f"  {text + ':':<14}"
+
+
 def _gb(nbytes: int) -> str:
-    return f"{num(nbytes / GB)} GB"
+    """Bytes in decimal units, GB unless that would round a figure away."""
+    for unit, size in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
+        if nbytes >= size / 10:
+            return f"{num(nbytes / size)} {unit}"
+    return f"{nbytes:,} bytes"
 
 
 def kv_lines(kv: KvPlan, weights_from_dir: bool) -> list[str]:
@@ -165,11 +177,11 @@ def replica_lines(r: ReplicaPlan, measured: MeasuredGoodput | None, file: str | 
              *_per_replica_line(r, measured, file),
              f"  floor:        {num(r.demand_tokens_per_s)} ÷ {num(r.per_replica_tokens_per_s)} = "
              f"{num(r.demand_tokens_per_s / r.per_replica_tokens_per_s)}, so {r.floor_replicas} replicas at 100 %",
-             f"  at {pct}:{' ' * max(1, 9 - len(pct))} {num(r.demand_tokens_per_s)} ÷ "
+             f"{_label('at ' + pct)}{num(r.demand_tokens_per_s)} ÷ "
              f"({num(r.per_replica_tokens_per_s)} × {r.ceiling:g} = {num(r.usable_tokens_per_replica)}) = "
              f"{num(r.demand_tokens_per_s / r.usable_tokens_per_replica)}, so {r.ceiling_replicas} replicas"]
     lost = f"{r.failures} lost"
-    lead = f"  {lost}:{' ' * max(1, 12 - len(lost))}"
+    lead = _label(lost)
     if r.failures == 0:
         lines.append(f"{lead}none reserved: {r.ceiling_replicas} replicas")
     else:
