@@ -176,3 +176,12 @@ def test_the_installed_command_exits_2_on_bad_input_and_0_on_the_seed():
     good = subprocess.run([sys.executable, "-m", "api.cli", *SEED], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert good.returncode == 0 and "= $41,610 a month" in good.stdout
+
+
+def test_the_readmes_example_is_what_the_command_prints(capsys):
+    section = (ROOT / "README.md").read_text().split("## Capacity planning\n", 1)[1]
+    command, printed = [block.split("\n", 1)[1] for block in section.split("```")[1:4:2]]
+    argv = command.replace("\\\n", " ").split()
+    assert argv[:3] == ["ledgerlm", "capacity", "plan"]
+    code, out, _ = run(capsys, *argv[1:])
+    assert code == 0 and out == printed
