@@ -139,8 +139,10 @@ def _gb(nbytes: int) -> str:
 def kv_lines(kv: KvPlan, weights_from_dir: bool) -> list[str]:
     lines = ["KV cache per replica (GB = 10^9 bytes)",
              f"  per token:    2 × {kv.layers} layers × {kv.kv_heads} KV heads × {kv.head_dim} head dim × "
-             f"{kv.dtype_bytes} bytes ({kv.dtype}) = {kv.bytes_per_token:,} bytes ({num(kv.bytes_per_token / 1024)} KiB)",
-             f"  per sequence: {kv.bytes_per_token:,} bytes × {kv.context_tokens:,} tokens = {_gb(kv.bytes_per_sequence)}"]
+             f"{kv.dtype_bytes} bytes ({kv.dtype}) = {kv.bytes_per_token:,} bytes "
+             f"({num(kv.bytes_per_token / 1024)} KiB)",
+             f"  per sequence: {kv.bytes_per_token:,} bytes × {kv.context_tokens:,} tokens = "
+             f"{_gb(kv.bytes_per_sequence)}"]
     if kv.gpus is None:
         lines.append(f"  KV budget:    {_gb(kv.kv_budget_bytes)} (given)")
     else:
@@ -264,32 +266,35 @@ def _share(text: str) -> float:
 def register(verbs) -> dict:
     cap = verbs.add_parser("capacity", help="plan replicas, KV cache and cost from a model and a measured goodput",
                            description="GB is 10^9 bytes; a month is 730 hours.")
-    cap.add_argument("action", choices=["plan"])
+    cap.add_argument("action", choices=["plan"], help="plan: the working, figure by figure")
     cap.add_argument("--json", action="store_true", help="every figure of the plan as JSON")
     model = cap.add_argument_group("model (for the KV cache)")
-    model.add_argument("--model-dir", type=Path, help="a Hugging Face model directory (its config.json)")
-    model.add_argument("--layers", type=positive_int, help="hidden layers")
-    model.add_argument("--kv-heads", type=positive_int, help="key/value heads")
-    model.add_argument("--head-dim", type=positive_int, help="dimension of one head")
-    model.add_argument("--dtype", help="KV cache dtype: fp16, bf16, fp32, fp8 ... (default: the config's, "
-                                       "or float16 with explicit numbers)")
-    model.add_argument("--context-tokens", type=positive_int, help="tokens of one sequence (prompt and output)")
+    model.add_argument("--model-dir", metavar="DIR", type=Path,
+                       help="a Hugging Face model directory (its config.json)")
+    model.add_argument("--layers", metavar="N", type=positive_int, help="hidden layers")
+    model.add_argument("--kv-heads", metavar="N", type=positive_int, help="key/value heads")
+    model.add_argument("--head-dim", metavar="N", type=positive_int, help="dimension of one head")
+    model.add_argument("--dtype", metavar="DTYPE", help="KV cache dtype: fp16, bf16, fp32, fp8 ... "
+                       "(default: the config's, or float16 with explicit numbers)")
+    model.add_argument("--context-tokens", metavar="TOKENS", type=positive_int,
+                       help="tokens of one sequence (prompt and output)")
     memory = cap.add_argument_group("memory of one replica")
-    memory.add_argument("--gpu-memory-gb", type=positive, help="memory of one GPU, GB")
-    memory.add_argument("--gpus", type=positive_int, default=1, help="GPUs per replica (default 1)")
-    memory.add_argument("--weights-gb", type=non_negative,
+    memory.add_argument("--gpu-memory-gb", metavar="GB", type=positive, help="memory of one GPU, GB")
+    memory.add_argument("--gpus", metavar="N", type=positive_int, default=1, help="GPUs per replica (default 1)")
+    memory.add_argument("--weights-gb", metavar="GB", type=non_negative,
                         help="the weights' size, GB (default: the model directory's weight files)")
-    memory.add_argument("--kv-budget-gb", type=positive, help="the KV cache budget outright, GB")
+    memory.add_argument("--kv-budget-gb", metavar="GB", type=positive, help="the KV cache budget outright, GB")
     load = cap.add_argument_group("load and throughput")
-    load.add_argument("--peak-rps", type=positive, help="peak requests per second")
-    load.add_argument("--output-tokens", type=positive, help="output tokens per request")
-    load.add_argument("--per-replica-tokens-per-s", type=positive,
+    load.add_argument("--peak-rps", metavar="RPS", type=positive, help="peak requests per second")
+    load.add_argument("--output-tokens", metavar="TOKENS", type=positive, help="output tokens per request")
+    load.add_argument("--per-replica-tokens-per-s", metavar="TOKENS_PER_S", type=positive,
                       help="measured output tokens/s of one replica at the SLO (goodput)")
     load.add_argument("--from-loadtest", type=Path, metavar="FILE",
                       help="a `ledgerlm loadtest` result: its best goodput at the SLO, per replica")
-    load.add_argument("--ceiling", type=_share, default=0.7,
+    load.add_argument("--ceiling", metavar="SHARE", type=_share, default=0.7,
                       help="plan each replica at this share of its goodput (default 0.7)")
-    load.add_argument("--failures", type=non_negative_int, default=1,
+    load.add_argument("--failures", metavar="N", type=non_negative_int, default=1,
                       help="replicas the plan must survive losing (default 1)")
-    load.add_argument("--price-per-replica-hour", type=non_negative, help="price of one replica-hour, dollars")
+    load.add_argument("--price-per-replica-hour", metavar="DOLLARS", type=non_negative,
+                      help="price of one replica-hour, dollars")
     return {"capacity": _capacity}
