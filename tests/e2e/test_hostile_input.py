@@ -134,3 +134,17 @@ def test_sampling_values_the_engine_refuses_are_a_400_naming_the_field_on_every_
         neutral = post(client, "/v1/chat/completions", {**CHAT, "frequency_penalty": 0, "top_k": -1, "seed": 2**63 - 1})
         assert neutral.status_code == 503, neutral.text  # valid: refused only for want of a worker
     assert api.appended(topics.PROMPTS, tenant_id) == []
+
+
+def test_a_revision_whose_tokenizer_cannot_load_is_a_503_not_a_crash(api):
+    from pipelines import admin
+    admin.approve_model(api.view, alias="broken", model_revision="broken@1", model_path="/nonexistent/model",
+                        engine_config_hash="x", max_model_len=512, actor="tests")
+    tenant_id, secret = api.tenant()
+    with api.client(secret) as client:
+        for path, body in [("/v1/chat/completions", {**CHAT, "model": "broken"}),
+                           ("/v1/completions", {**TEXT, "model": "broken"})]:
+            response = post(client, path, body)
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "model_unavailable" and response.headers["retry-after"] == "60"
+    assert api.appended(topics.PROMPTS, tenant_id) == []
