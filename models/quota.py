@@ -168,7 +168,12 @@ def _ms(delta: timedelta) -> int:
 
 def _retry_for_window(usage: TenantUsage, now: datetime, window: timedelta, need: int, limit: int,
                       index: int) -> int | None:
-    """When enough settled usage leaves the window for `need` more to fit, if it ever will."""
+    """When enough usage leaves the window for `need` more to fit, if it ever will,
+    counting open reservations in full as the decision does. Settled usage leaves the
+    window a window after it settled; what open reservations hold settles now at the
+    earliest and then stays a whole window, so when they hold part of the excess it fits
+    no sooner than a window from now (sooner only if they settle for less than they hold,
+    which the rejection's message says)."""
     if need > limit:
         return None
     used = usage.used(now, window)
@@ -178,7 +183,12 @@ def _retry_for_window(usage: TenantUsage, now: datetime, window: timedelta, need
         if excess <= 0:
             leaves_at = datetime.fromtimestamp(bucket[0], now.tzinfo) + window + timedelta(seconds=1)
             return _ms(leaves_at - now)
-    return UNKNOWN_RETRY_MS  # open reservations hold the rest: it fits once one settles
+    return _ms(window + timedelta(seconds=1))
+
+
+def _in_flight(usage: TenantUsage, index: int) -> str:
+    held = sum((c.tokens, c.cost_micros)[index] for c in usage.open.values())
+    return f"; requests in flight hold {held} until they settle" if held else ""
 
 
 def decide(ask: Ask, usage: TenantUsage, limits: Limits, now: datetime) -> Admit | Reject:
@@ -207,10 +217,11 @@ def decide(ask: Ask, usage: TenantUsage, limits: Limits, now: datetime) -> Admit
     used = usage.used(now, window)
     if limits.tokens_per_window is not None and used.tokens + ask.tokens > limits.tokens_per_window:
         return Reject("tokens", f"{ask.tokens} tokens do not fit: {used.tokens} of {limits.tokens_per_window} "
-                                f"used in the last {int(window.total_seconds())} s",
+                                f"used in the last {int(window.total_seconds())} s{_in_flight(usage, 0)}",
                       _retry_for_window(usage, now, window, ask.tokens, limits.tokens_per_window, 0))
     if limits.spend_per_window_micros is not None and used.cost_micros + ask.cost_micros > limits.spend_per_window_micros:
         return Reject("spend", f"a cost of {ask.cost_micros} micros does not fit: {used.cost_micros} of "
-                               f"{limits.spend_per_window_micros} spent in the last {int(window.total_seconds())} s",
+                               f"{limits.spend_per_window_micros} spent in the last {int(window.total_seconds())} s"
+                               f"{_in_flight(usage, 1)}",
                       _retry_for_window(usage, now, window, ask.cost_micros, limits.spend_per_window_micros, 1))
     return Admit()

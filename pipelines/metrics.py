@@ -2,7 +2,7 @@
 admission, the projector and the batch dispatcher (the pool worker's are in
 `workers.metrics`; the API serves its own at `GET /metrics`, see `api.metrics`).
 
-`serve_metrics` starts prometheus_client's HTTP server on `settings.metrics_port`
+`serve_metrics` serves prometheus_client's exposition (with `/healthz` and `/readyz`) on `settings.metrics_port`
 (`LEDGERLM_METRICS_PORT`, 0: none, the default; one port per process, so each process
 that is scraped is given its own). It serves the process's registry and prometheus_client's
 global one, where the process collectors (CPU, memory, open files) and vLLM's own stat
@@ -15,10 +15,14 @@ Labels are pools, revisions, reasons and statuses: never tenants, ids or text.
 """
 from __future__ import annotations
 
+import json
 import logging
+import threading
 from typing import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,14 +34,20 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsServer:
-    """prometheus_client's HTTP server, serving `registries` and the global one."""
+    """prometheus_client's exposition of `registries` and the global one at `/metrics`,
+    beside `/healthz` (the process serves) and `/readyz`: 200 while `ready()` says every
+    dependency answers (e.g. a worker's engine), 503 naming what does not otherwise."""
 
-    def __init__(self, *registries: CollectorRegistry, port: int, host: str = "127.0.0.1"):
+    def __init__(self, *registries: CollectorRegistry, port: int, host: str = "127.0.0.1",
+                 ready: Callable[[], dict[str, bool]] | None = None):
         served = CollectorRegistry()
         for registry in registries:
             served.register(registry)
         served.register(REGISTRY)  # process collectors, and vLLM's own where an engine runs here
-        self._server, self._thread = start_http_server(port, addr=host, registry=served)
+        self._server = make_server(host, port, _routed(make_wsgi_app(served), ready), ThreadingWSGIServer,
+                                   handler_class=_Quiet)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
         self.port = self._server.server_port
 
     def close(self) -> None:
@@ -46,11 +56,42 @@ class MetricsServer:
         self._thread.join(5)
 
 
-def serve_metrics(settings: Settings, *registries: CollectorRegistry) -> MetricsServer | None:
-    """Serves `/metrics` on the settings' port; None when no port is set."""
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - a scrape every few seconds is not news
+        pass
+
+
+def _routed(metrics_app, ready):
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/health"):
+            return _json(start_response, 200, {"status": "ok"})
+        if path == "/readyz":
+            try:
+                checks = ready() if ready is not None else {}
+            except Exception:  # noqa: BLE001 - a check that fails is a dependency not ready
+                logger.exception("readiness check failed")
+                checks = {"check": False}
+            ok = all(checks.values())
+            return _json(start_response, 200 if ok else 503,
+                         {"status": "ready" if ok else "not_ready", "checks": checks})
+        return metrics_app(environ, start_response)
+    return app
+
+
+def _json(start_response, status: int, body: dict) -> list[bytes]:
+    data = json.dumps(body).encode()
+    start_response(f"{status} {'OK' if status == 200 else 'Service Unavailable'}",
+                   [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def serve_metrics(settings: Settings, *registries: CollectorRegistry,
+                  ready: Callable[[], dict[str, bool]] | None = None) -> MetricsServer | None:
+    """Serves `/metrics` (and `/healthz`, `/readyz`) on the settings' port; None when no port is set."""
     if not settings.metrics_port:
         return None
-    server = MetricsServer(*registries, port=settings.metrics_port, host=settings.metrics_host)
+    server = MetricsServer(*registries, port=settings.metrics_port, host=settings.metrics_host, ready=ready)
     logger.info("metrics at http://%s:%d/metrics", settings.metrics_host, server.port)
     return server
 

@@ -15,7 +15,7 @@ from models.events_generation import CancelRequested, GenerationRequested, Posit
 from models.registry import Principal, Registry
 from pipelines.eventlog import EventLog
 from pipelines.routing import partition_of, publish
-from pipelines.tokencount import TokenCounter
+from pipelines.tokencount import TokenCounter, TokenizerUnavailable
 
 # A generation's statuses (the generations projection's words) that it never leaves.
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
@@ -35,6 +35,7 @@ class Fleet(Protocol):
 
 # How soon a client refused for want of a worker may try again: about a worker's start.
 NO_CAPACITY_RETRY_S = 5
+MODEL_UNAVAILABLE_RETRY_S = 60  # an operator has to fix the revision's files first
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,14 @@ def submit_generation(
                               f"which is retired{': ' + why if why else ''}", "model")
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
-    prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)
-    input_tokens = counter.count(revision.model_path, prompt)
+    try:
+        prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)
+        input_tokens = counter.count(revision.model_path, prompt)
+    except TokenizerUnavailable as exc:
+        # The revision's files cannot be read here (an approval naming a path that is not
+        # there): the platform's fault, not the request's, and no crash either.
+        raise SubmissionError(503, "model_unavailable", f"The model '{cmd.model_alias}' cannot be loaded now ({exc})",
+                              "model", retry_after_s=MODEL_UNAVAILABLE_RETRY_S) from None
     if input_tokens >= revision.max_model_len:
         raise SubmissionError(413, "context_length_exceeded", f"{input_tokens} input tokens leave no room for "
                               f"output in this model's context of {revision.max_model_len}", "input")
@@ -133,6 +140,8 @@ def _room_for_output(registry: Registry, tenant_id: str, revision, input_tokens:
 def _templated(counter: TokenCounter, model_path: str, messages: tuple[dict, ...]) -> str:
     try:
         return counter.chat_prompt(model_path, list(messages))
+    except TokenizerUnavailable:
+        raise
     except Exception as exc:  # a template may refuse a message order (e.g. two system messages)
         raise SubmissionError(400, "invalid_messages", f"The messages cannot be templated for this model: "
                               f"{type(exc).__name__}", "messages") from None

@@ -9,6 +9,10 @@ from typing import Iterable
 logger = logging.getLogger(__name__)
 
 
+class TokenizerUnavailable(OSError):
+    """The tokenizer of a revision cannot be loaded here."""
+
+
 class TokenCounter:
     def __init__(self):
         self._lock = threading.Lock()
@@ -35,10 +39,18 @@ class TokenCounter:
                 logger.warning("tokenizer of %s not loaded at start: %s", path, exc)
         return loaded
 
+    def _loaded(self, model_path: str):
+        """The tokenizer (call with the lock held); `TokenizerUnavailable` when it cannot be
+        loaded (files gone, a path that names nothing)."""
+        try:
+            return self._tokenizer(model_path)
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, HF errors...
+            raise TokenizerUnavailable(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
     def count(self, model_path: str, text: str) -> int:
         with self._lock:  # HF fast tokenizers are not safe to share across threads mid-call
-            return len(self._tokenizer(model_path)(text)["input_ids"])
+            return len(self._loaded(model_path)(text)["input_ids"])
 
     def chat_prompt(self, model_path: str, messages: list[dict]) -> str:
         with self._lock:
-            return self._tokenizer(model_path).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self._loaded(model_path).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -164,8 +164,10 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         started = start_worker(platform, settings, log, runner, serving, pool)
         worker = started.worker
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
+        # Ready while its engine lives (engine_watch marks it dead); the API's /readyz covers log and database.
         server = serve_metrics(settings, worker_metrics(worker),
-                               *([admission_metrics.registry] if admission_metrics else []))
+                               *([admission_metrics.registry] if admission_metrics else []),
+                               ready=lambda: {"engine": not worker.engine_dead})
         close_admission = admit_beside(worker, settings, stop, admission_metrics) if settings.worker_admits else None
         worker.join()
         print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead,

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import scope
 from api.errors import ApiError
+from api.query_types import IsoDateTime
 from api.routes.usage import ProjectionDbDep
 from models.registry import Principal
 from pipelines.projections.queries import audit_events
@@ -46,7 +47,7 @@ def decode_cursor(text: str):
 @router.get("/v1/audit/events")
 def list_audit_events(
     principal: AuditDep, db: ProjectionDbDep,
-    since: datetime | None = None, until: datetime | None = None,
+    since: IsoDateTime | None = None, until: IsoDateTime | None = None,
     type: Annotated[list[str] | None, Query(description="event types; repeat or comma-separate")] = None,
     tenant: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100, after: str | None = None,
 ):

@@ -60,7 +60,8 @@ def get_file(file_id: str, principal: BatchDep, bsvc: BatchServicesDep):
     return file_object(_own_file(bsvc, principal, file_id))
 
 
-@router.get("/v1/files/{file_id}/content")
+@router.get("/v1/files/{file_id}/content", responses={200: {"description": "The file's bytes", "content": {
+    "application/jsonl": {"schema": {"type": "string"}}, "application/octet-stream": {"schema": {"type": "string"}}}}})
 def get_file_content(file_id: str, principal: BatchDep, bsvc: BatchServicesDep):
     found = _own_file(bsvc, principal, file_id)
     reader = bsvc.store.open_read(found.object_key)

@@ -7,21 +7,23 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from api.deps import GenerateDep, ServicesDep
 from api.errors import ApiError
 from api.generation_status import find_status
 from api.live import find_request, start_generation
 from api.sse import collect, event_json, failure_error, native_frames, stream_response
-from models.events_generation import GenerationFailed, Sampling
+from api.sampling import sampling_of
+from models.events_generation import GenerationFailed
+from models.sampling_request import SamplingFields
 from pipelines.submission import TERMINAL_STATUSES, SubmitGeneration, request_cancel
 
 router = APIRouter()
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
 
-class GenerationBody(BaseModel):
+class GenerationBody(SamplingFields):
     model_config = ConfigDict(extra="forbid")
 
     request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
@@ -31,11 +33,6 @@ class GenerationBody(BaseModel):
     deadline_ms: int | None = Field(default=None, gt=0, le=24 * 3600 * 1000)
     stream: bool = True
     priority: Literal["high", "normal"] = "normal"
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list, max_length=4)
-    ignore_eos: bool = False
 
 
 @router.post("/v1/generations")
@@ -44,8 +41,7 @@ async def create_generation(body: GenerationBody, principal: GenerateDep, svc: S
     cmd = SubmitGeneration(
         request_id=body.request_id, model_alias=body.model_alias, prompt=body.input,
         max_output_tokens=body.max_output_tokens, deadline_ms=body.deadline_ms, priority=body.priority,
-        sampling=Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=tuple(body.stop),
-                          ignore_eos=body.ignore_eos),
+        sampling=sampling_of(body),
     )
     live = await start_generation(svc, principal, cmd, request=request, body=body.model_dump(mode="json"),
                                   idempotency_key=idempotency_key, id_prefix="gen_")

@@ -19,7 +19,9 @@ from api.errors import ApiError
 from api.live import start_generation
 from api.openai_format import OpenAIShape
 from api.sse import collect, failure_error, stream_response
+from api.sampling import sampling_of
 from models.events_generation import GenerationFailed, Sampling
+from models.sampling_request import SamplingFields
 from pipelines.submission import SubmitGeneration
 
 router = APIRouter()
@@ -50,29 +52,18 @@ class ChatMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
 
 
-class _Common(BaseModel):
+class _Common(SamplingFields):
     model_config = ConfigDict(extra="allow")  # kept (not used) so unsupported ones can be refused
 
     model: str = Field(min_length=1, max_length=128)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
     user: str | None = None
     deadline_ms: int | None = Field(default=None, gt=0, le=24 * 3600 * 1000)
     priority: Literal["high", "normal"] = "normal"
-    ignore_eos: bool = False
 
     def sampling(self) -> Sampling:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        if len(stop) > 4:
-            raise ApiError(400, "stop: at most 4 sequences", code="invalid_value", param="stop")
-        return Sampling(temperature=1.0 if self.temperature is None else self.temperature,
-                        top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed, stop=stop,
-                        ignore_eos=self.ignore_eos)
+        return sampling_of(self)
 
     def refuse_unsupported(self, names: tuple[str, ...]) -> None:
         for name in names:

@@ -6,7 +6,7 @@ the key's, and only the key's.
 from __future__ import annotations
 
 import threading
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 
 from api.deps import scope
 from api.errors import ApiError
+from api.query_types import IsoDate
 from models.registry import Principal
 from pipelines.bootstrap import Bootstrap
 from pipelines.projections.queries import tenant_quota, usage_summary
@@ -37,7 +38,7 @@ ProjectionDbDep = Annotated[Engine, Depends(projection_db)]
 
 @router.get("/v1/usage")
 def get_usage(principal: UsageDep, db: ProjectionDbDep, group_by: Literal["day", "model", "application"] = "day",
-              start_date: date | None = None, end_date: date | None = None):
+              start_date: IsoDate | None = None, end_date: IsoDate | None = None):
     if start_date and end_date and start_date > end_date:
         raise ApiError(400, "start_date is after end_date", code="invalid_value", param="start_date")
     data = usage_summary(db, principal.tenant_id, group_by=group_by, start=start_date, end=end_date)

@@ -11,6 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from models.sampling_request import SamplingFields
+from models.text import encodable, unencodable_at
+
 
 class LineError(Exception):
     def __init__(self, code: str, message: str, custom_id: str | None = None):
@@ -18,27 +21,16 @@ class LineError(Exception):
         self.code, self.message, self.custom_id = code, message, custom_id
 
 
-class _Body(BaseModel):
+class _Body(SamplingFields):
+    """The sampling fields are checked as the interactive routes check them (the seed's
+    int64 range is also what the Parquet output holds)."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # what the engine (and Parquet) hold
-    stop: str | list[str] | None = None
-    n: Literal[1] = 1
     stream: Literal[False] = False
-    ignore_eos: bool = False  # vLLM's extension, handy for fixed-length benchmarks
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, value):
-        stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        return stops
 
 
 class _Part(BaseModel):
@@ -112,6 +104,11 @@ def parse_line(raw: bytes, line: int, endpoint: str) -> ParsedLine:
     if not isinstance(data, dict):
         raise LineError("invalid_request", f"line {line} is not a JSON object")
     custom_id = data.get("custom_id") if isinstance(data.get("custom_id"), str) else None
+    bad = unencodable_at(data)
+    if bad is not None:  # as the API refuses it: it could not be written to Parquet or the log
+        where = ".".join(str(p) for p in bad)
+        raise LineError("invalid_request", f"line {line}: {where} holds a lone UTF-16 surrogate, which is not text",
+                        custom_id if custom_id is None or encodable(custom_id) else None)
     try:
         head = _Line.model_validate(data)
     except ValidationError as exc:
@@ -126,13 +123,19 @@ def parse_line(raw: bytes, line: int, endpoint: str) -> ParsedLine:
         body = model.model_validate(head.body)
     except ValidationError as exc:
         raise LineError("invalid_request", f"line {line}: body.{_first_error(exc)}", custom_id) from None
+    unsupported = body.not_neutral()
+    if unsupported is not None:
+        raise LineError("invalid_request", f"line {line}: body.{unsupported} is not supported: only its neutral "
+                        "value is accepted", custom_id)
+    sampling = body.sampling_values()
     is_chat = isinstance(body, ChatBody)
     return ParsedLine(
         line=line, custom_id=head.custom_id, model=body.model,
         messages=[{"role": m.role, "content": m.text()} for m in body.messages] if is_chat else None,
         prompt=None if is_chat else body.prompt,
         max_tokens=body.max_completion_tokens or body.max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop, ignore_eos=body.ignore_eos)
+        temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
+        stop=list(sampling["stop"]), ignore_eos=sampling["ignore_eos"])
 
 
 def request_id(batch_id: str, line: int) -> str:

@@ -29,6 +29,7 @@ from pipelines.submission import SubmissionError
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 UPLOAD_PURPOSES = ("batch", "user_data")
 SNIFF_BYTES = 64 * 1024
+SNIFF_LINES = 64
 WINDOW = timedelta(hours=24)
 
 
@@ -44,23 +45,40 @@ def _as_submitted(env: Envelope) -> BatchState:
     return BatchBook().apply(env)
 
 
-def sniff_format(head: bytes, filename: str = "") -> str | None:
-    """'parquet', 'jsonl', or None for neither (binary, or no line that is a JSON object)."""
-    if head[:4] == b"PAR1" or filename.endswith(".parquet"):
-        return "parquet" if head[:4] == b"PAR1" else None
-    text = head.decode("utf-8", errors="replace")
-    if "\ufffd" in text[:-4] or "\x00" in text:  # a cut multi-byte character at the end is fine
-        return None
-    lines = text.splitlines()
-    if len(lines) > 1 and not text.endswith("\n"):
-        lines.pop()  # cut off by the sniffing limit
+def sniff_file(f, filename: str = "") -> str | None:
+    """'parquet', 'jsonl', or None for neither (binary, or no line that is a JSON object),
+    from the start of the open, seekable binary file `f`. Lines are read whole, however
+    long (the file's size is bounded before this), so where a long line falls changes
+    nothing: the first `SNIFF_LINES` lines are looked at, fewer once `SNIFF_BYTES` are read."""
+    head = f.read(4)
+    if head == b"PAR1" or filename.endswith(".parquet"):
+        return "parquet" if head == b"PAR1" else None
+    f.seek(0)
+    lines, seen = [], 0
+    line = f.readline()
+    while line and len(lines) < SNIFF_LINES and seen < SNIFF_BYTES:
+        lines.append(line)
+        seen += len(line)
+        line = f.readline()
+    for line in lines:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # binary
+        if "\x00" in text:
+            return None
     for line in lines:
         try:
             if isinstance(json.loads(line), dict):
                 return "jsonl"
-        except json.JSONDecodeError:
+        except ValueError:
             continue
     return None
+
+
+def _sniff_local(path: str, filename: str) -> str | None:
+    with open(path, "rb") as f:
+        return sniff_file(f, filename)
 
 
 def upload_file(*, principal: Principal, store: ObjectStore, log: EventLog, filename: str, purpose: str,
@@ -70,8 +88,6 @@ def upload_file(*, principal: Principal, store: ObjectStore, log: EventLog, file
                               "purpose")
     digest, size = hashlib.sha256(), 0
     with open(local_path, "rb") as f:
-        head = f.read(SNIFF_BYTES)
-        f.seek(0)
         while block := f.read(1 << 20):
             digest.update(block)
             size += len(block)
@@ -79,7 +95,7 @@ def upload_file(*, principal: Principal, store: ObjectStore, log: EventLog, file
         raise SubmissionError(413, "file_too_large", f"the file has {size} bytes; the limit is {max_bytes}", "file")
     if size == 0:
         raise SubmissionError(400, "empty_file", "the file is empty", "file")
-    if purpose == "batch" and sniff_format(head, filename) is None:
+    if purpose == "batch" and _sniff_local(local_path, filename) is None:
         raise SubmissionError(400, "invalid_file_format", "a batch file must be JSONL (one JSON object per "
                               "line) or, for summarization jobs, Parquet", "file")
     file_id = "file-" + uuid.uuid4().hex[:24]
@@ -128,7 +144,7 @@ def submit_batch(cmd: SubmitBatch, *, principal: Principal, view: BatchView, sto
         raise SubmissionError(400, "invalid_file_purpose", f"file {file.file_id} has purpose {file.purpose!r}, "
                               "not 'batch'", "input_file_id")
     with store.open_read(file.object_key) as f:
-        if sniff_format(f.read(SNIFF_BYTES)) != "jsonl":
+        if sniff_file(f) != "jsonl":
             raise SubmissionError(400, "invalid_file_format", f"file {file.file_id} is not JSONL", "input_file_id")
     batch_id = "batch_" + uuid.uuid4().hex[:24]
     return _as_submitted(_append(log, principal, batch_id, BatchSubmitted(
@@ -168,7 +184,7 @@ def _summary_input(cmd: SubmitSummarization, principal: Principal, view: BatchVi
         raise SubmissionError(413, "file_too_large", f"the input has {size} bytes; the limit is {max_bytes}",
                               "input_url")
     with store.open_read(key) as f:
-        fmt = sniff_format(f.read(SNIFF_BYTES), name)
+        fmt = sniff_file(f, name)
     if fmt is None:
         raise SubmissionError(400, "invalid_file_format", "the input must be Parquet or JSONL with columns id "
                               "and text", "input_url" if file_id is None else "input_file_id")

@@ -49,7 +49,8 @@ def test_malformed_idempotency_keys_are_refused(key):
 
 
 @pytest.mark.parametrize("reason,retry_ms,status,retry_after", [
-    ("rate", 1500, 429, "2"), ("concurrency", None, 429, "1"), ("tokens", 60_000, 429, "60"), ("spend", 1, 429, "1"),
+    ("rate", 1500, 429, "2"), ("concurrency", None, 400, None), ("tokens", 60_000, 429, "60"), ("spend", 1, 429, "1"),
+    ("tokens", 3_601_000, 429, "3601"), ("tokens", None, 400, None),
     ("input_too_large", None, 413, None), ("output_too_large", None, 400, None),
     ("deadline", 2500, 429, "3"), ("deadline", None, 400, None),
 ])

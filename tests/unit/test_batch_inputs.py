@@ -1,13 +1,14 @@
 """Checking batch input lines, sniffing file formats, and the summarization plan."""
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
 from models.summarization import PlanError, Shape, groups, plan, split_even
 from pipelines.batch.lines import LineError, parse_line
-from pipelines.batch.submit import sniff_format
+from pipelines.batch.submit import SNIFF_BYTES, sniff_file
 from pipelines.objectstore import check_key
 
 CHAT = "/v1/chat/completions"
@@ -73,7 +74,19 @@ def test_a_bad_line_still_names_its_custom_id_when_it_has_one():
     (b"not parquet", "x.parquet", None),
 ])
 def test_sniffing_tells_jsonl_and_parquet_from_anything_else(head, name, expected):
-    assert sniff_format(head, name) == expected
+    assert sniff_file(io.BytesIO(head), name) == expected
+
+
+LONG = b'{"custom_id": "a", "pad": "' + b"x" * (SNIFF_BYTES + 10) + b'"}\n'
+
+
+@pytest.mark.parametrize("content", [LONG, LONG + b'{"b": 2}\n', b'{"b": 2}\n' + LONG, LONG * 3, LONG.rstrip()])
+def test_where_a_long_line_falls_changes_nothing(content):
+    assert sniff_file(io.BytesIO(content), "x.jsonl") == "jsonl"
+
+
+def test_a_long_binary_first_line_is_still_binary():
+    assert sniff_file(io.BytesIO(b"\xff\xfe" + b"\x00" * (SNIFF_BYTES * 2)), "x.bin") is None
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b", "./a"])

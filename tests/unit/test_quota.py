@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from models.quota import (
-    RATE_WINDOW, UNKNOWN_RETRY_MS, Admit, Ask, Limits, Reject, TenantUsage, decide, min_service_ms,
+    RATE_WINDOW, Admit, Ask, Limits, Reject, TenantUsage, decide, min_service_ms,
 )
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -37,7 +37,8 @@ def test_open_reservations_count_in_full_and_settlement_keeps_only_what_was_used
     usage.reserve("r1", at(0), 60, 0)
     got = decide(ask(tokens_in=20, tokens_out=30), usage, limits, at(1))
     assert isinstance(got, Reject) and got.reason == "tokens"
-    assert got.retry_after_ms == UNKNOWN_RETRY_MS, "only an open reservation holds the budget"
+    # Held in full until it settles, and what it settles stays a whole window: 61 s at best.
+    assert got.retry_after_ms == 61_000 and "in flight hold 60" in got.message
     usage.close("r1", at(2), 25, 0)  # used 25 of 60: the rest is released
     assert decide(ask(tokens_in=20, tokens_out=30), usage, limits, at(3)).admitted
 
@@ -52,6 +53,28 @@ def test_settled_usage_leaves_the_window_and_retry_after_says_when():
     # The 80 settled at second 10 leave the 60 s window after second 70: 40 s from now.
     assert 40_000 <= got.retry_after_ms <= 41_000
     assert decide(ask(tokens_in=10, tokens_out=20), usage, limits, at(71)).admitted
+
+
+def test_retry_after_is_when_the_window_frees_enough_not_a_second():
+    """The budget's worth was admitted and settled (or is still in flight): nothing fits
+    until the window rolls, and Retry-After says so."""
+    limits = Limits(tokens_per_window=100, window_seconds=3600)
+    settled, in_flight = TenantUsage(), TenantUsage()
+    settled.reserve("r1", at(0), 100, 0)
+    settled.close("r1", at(5), 100, 0)
+    in_flight.reserve("r1", at(0), 100, 0)
+    for usage, low, high in [(settled, 3596_000, 3597_000), (in_flight, 3601_000, 3601_000)]:
+        got = decide(ask(tokens_in=10, tokens_out=20), usage, limits, at(10))
+        assert isinstance(got, Reject) and got.reason == "tokens" and low <= got.retry_after_ms <= high, got
+    # Half settled long ago, half in flight: the settled half leaving is not enough.
+    mixed = TenantUsage()
+    mixed.reserve("old", at(0), 50, 0)
+    mixed.close("old", at(1), 50, 0)
+    mixed.reserve("new", at(3000), 50, 0)
+    got = decide(ask(tokens_in=30, tokens_out=30), mixed, limits, at(3100))
+    assert got.retry_after_ms == 3601_000, "the in-flight 50 would still be in the window"
+    got = decide(ask(tokens_in=20, tokens_out=20), mixed, limits, at(3100))
+    assert 502_000 <= got.retry_after_ms <= 503_000, "the settled 50 leaving is enough"
 
 
 def test_a_request_larger_than_the_whole_budget_never_fits():
