@@ -10,9 +10,9 @@ import random
 import sys
 
 from api.loadtest import driver, report
-from api.loadtest.workload import Mode, Workload, WorkloadError, load
+from api.loadtest.workload import Mode, Workload, WorkloadError, load, parse
 
-__all__ = ["run", "steps_of", "load", "Workload", "WorkloadError"]
+__all__ = ["run", "steps_of", "load", "parse", "Workload", "WorkloadError"]
 
 
 def steps_of(mode: Mode) -> list[tuple[str, float | None, int | None]]:

@@ -118,7 +118,7 @@ async def send(client: httpx.AsyncClient, url: str, workload: Workload, req: Req
                     arrivals.append(time.perf_counter())
                 usage = chunk.get("usage") or usage
             return _finish(t, sent, time.perf_counter(), arrivals, usage)
-    except (httpx.HTTPError, ValueError) as exc:
+    except (httpx.HTTPError, httpx.StreamError, ValueError, KeyError, TypeError) as exc:
         t.outcome, t.reason, t.done_at = "failed", type(exc).__name__, time.perf_counter()
         return t
 
@@ -170,7 +170,7 @@ async def run_concurrency(workload: Workload, target: str, concurrency: int, dur
     """Closed loop: `concurrency` senders, each sending its next request when the last ends,
     until `duration_s` has passed."""
     if progress is not None:
-        progress.reset(total=None)
+        progress.reset(total=float("inf"))  # no known total: a closed loop
     url = endpoint(target, workload.api)
     timed: list[Timed] = []
     cpu0 = time.process_time()

@@ -91,19 +91,19 @@ def find_knee(steps: list[dict], min_gain: float) -> tuple[int | None, str]:
 
 
 def knee_fit(steps: list[dict]) -> dict | None:
-    """guidellm's segmented fit of throughput against load (the concurrency measured as
-    in-flight requests: requests/s × mean end-to-end), a second opinion on the knee."""
+    """guidellm's segmented fit of output throughput against the load offered (the rate,
+    or the concurrency), a second opinion on the knee; `load` is where it puts the knee."""
+    points = [(s["rate"] if s["mode"] == "rate" else s["concurrency"], s["output_tokens_per_s"])
+              for s in steps if s["served"]]
+    if len(points) < 5:  # guidellm's own minimum (MIN_POINTS); importing it costs ~10 s, so not for less
+        return None
     from guidellm.benchmark.analysis.knee import find_throughput_knee
 
-    points = [(s["requests_per_s"] * (s["e2e_ms"]["p50"] or 0) / 1000, s["output_tokens_per_s"])
-              for s in steps if s["served"]]
-    if len(points) < 2:
-        return None
     try:
         found = find_throughput_knee([x for x, _ in points], [y for _, y in points])
     except ValueError:
         return None
-    return {"status": found.status, "reason": found.reason, "concurrency": found.knee}
+    return {"status": found.status, "reason": found.reason, "load": found.knee}
 
 
 CSV_FIELDS = ("step", "tenant", "mode", "rate", "concurrency", "duration_s", "requests", "served", "requests_per_s",
