@@ -127,11 +127,16 @@ def platform_server(log: str, model: Path, home: Path, args):
 def run_target(name: str, server, workload_path: Path, args, out: Path) -> dict:
     from api.cli_loadtest import apply_options
     from api.loadtest import load, report, run
+    from api.loadtest.workload import Mode
 
     with server as (base, pids, keys):
         os.environ.update(keys or {var: "none" for var in KEY_VARS.values()})
         workload = load(workload_path)
         apply_options(workload, args)
+        if args.warmup > 0:  # a fresh server's first requests pay for cold caches: not measured
+            warm = load(workload_path)
+            warm.mode = Mode(kind="concurrency", concurrency=2, duration_s=args.warmup)
+            run(warm, base, show_progress=False, timeout_s=args.timeout)
         cpu = CpuSplit(pids)
         result = run(workload, base, target_name=name, timeout_s=args.timeout, show_progress=not args.no_progress,
                      on_step=lambda i, s: print(f"{name} step {i}: {s['requests_per_s']:.2f} req/s "
@@ -187,6 +192,8 @@ def main() -> int:
     parser.add_argument("--rates", dest="sweep_rates", type=lambda t: [float(v) for v in t.split(",")],
                         help="the sweep's rates (default: the workload's)")
     parser.add_argument("--duration", type=float, help="seconds per step (default: the workload's)")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="seconds of two streams sent before the sweep, not measured (default 10)")
     parser.add_argument("--kv-cache-gb", type=float, default=0.25)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: a temporary one)")
