@@ -1,6 +1,10 @@
 """Figures of a load test: per step and per tenant latency tails, throughput, goodput,
 rejections by reason apart from failures; the knee of a sweep; JSON, CSV and the frontier
-plot. The JSON's keys are a contract (`ledgerlm capacity plan` reads them)."""
+plot. The JSON's keys are a contract (`ledgerlm capacity plan` reads them).
+
+`requests` counts every request sent in a step, `served` those answered in full; rates
+(`requests_per_s`, `output_tokens_per_s`, goodput) are of served requests over the step's
+duration, from its first send to its last answer."""
 from __future__ import annotations
 
 import csv
