@@ -32,6 +32,7 @@ class Timed:
     output_tokens: int = 0
     prompt_tokens: int = 0
     repeat: bool = False
+    revision: str | None = None  # `system_fingerprint`: on the platform, the model revision that ran it
     done_at: float = 0.0  # perf_counter() at its end
 
 
@@ -102,6 +103,7 @@ async def send(client: httpx.AsyncClient, url: str, workload: Workload, req: Req
                 return t
             if not workload.stream:
                 data = json.loads(await response.aread())
+                t.revision = data.get("system_fingerprint")
                 return _finish(t, sent, time.perf_counter(), [], data.get("usage"))
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
@@ -116,6 +118,7 @@ async def send(client: httpx.AsyncClient, url: str, workload: Workload, req: Req
                     return t
                 if _content(chunk, workload.api):
                     arrivals.append(time.perf_counter())
+                t.revision = chunk.get("system_fingerprint") or t.revision
                 usage = chunk.get("usage") or usage
             return _finish(t, sent, time.perf_counter(), arrivals, usage)
     except (httpx.HTTPError, httpx.StreamError, ValueError, KeyError, TypeError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from pathlib import Path
 
 from api.loadtest.driver import StepRun, Timed
@@ -51,6 +52,7 @@ def figures(timed: list[Timed], duration_s: float, slo: Slo) -> dict:
         "output_tokens_mean": round(sum(t.output_tokens for t in served) / len(served), 2) if served else None,
         "prompt_tokens_mean": round(sum(t.prompt_tokens for t in served) / len(served), 2) if served else None,
         "repeats": sum(t.repeat for t in timed),
+        "revisions": dict(Counter(t.revision for t in served if t.revision)),
         "rejections": rejections, "failures": sum(failures.values()), "failures_by_reason": failures,
     }
 

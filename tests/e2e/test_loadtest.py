@@ -141,3 +141,4 @@ def test_against_the_platform_a_tenant_over_its_rate_is_rejected_by_reason(platf
     assert s["rejections"] == limited["rejections"] and s["failures"] == 0
     assert opened["served"] == opened["requests"] and opened["output_tokens_mean"] == 8
     assert 0 < opened["ttft_ms"]["p50"] < opened["e2e_ms"]["p50"]
+    assert opened["revisions"] == {platform.model_revision: opened["served"]}  # what ran them, from the stream
