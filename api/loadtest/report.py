@@ -173,7 +173,8 @@ def plot(results: list[dict], path: Path) -> Path:
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle("latency-throughput frontier (star: knee)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
