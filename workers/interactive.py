@@ -18,6 +18,19 @@ passed in the queue ends there without running; running work is aborted on
 `CancelRequested` and at its deadline. Token and terminal events go out through one
 `StreamWriter`, batched across generations, so a slow log never slows the engine.
 
+Fair share at the pool level. A revision's work topics are keyed by request
+(`models.topics`), so each worker owns a share of the partitions and, by the hash of the
+request id, receives about that share of every tenant's work: each runs its own deficit
+round robin over a random sample of the pool's queue, and the pool's split between
+tenants approximates the weighted fair share. What holds: no tenant is tied to one worker,
+a flooding tenant uses the whole pool while it is alone, a light tenant's request is
+served within the fair share of whichever worker it lands on, and a failed worker's
+partitions (and its tenants' work) spread over all survivors. What does not: nothing
+coordinates the workers, so fairness is exact only in expectation; a request lands by its
+hash, not on the freest worker (one worker may queue while another idles; nothing is
+stolen); a worker with more partitions or a slower engine skews the split; and a tenant's
+requests start in no set order across workers, nor across the partitions of one.
+
 A worker can also be the `taker` of an admission processor in its process (`offer`):
 admitted work it can start at once (a free engine slot, the tenant within its share, and
 nothing queued that would come first) is taken in the admission's commit and never queued.
