@@ -386,7 +386,7 @@ class InteractiveWorker:
         # (`topics.WORK_PARTITIONS` a topic), most are idle, and a look may cost a read.
         held = self._positions.held
         blocked = {tp for tp in list(self._positions.catch_up)
-                   if held.get(tp) and not self._positions.ready(tp, self._log)}
+                   if held.get(tp) and not self._positions.ready(tp, self._log, self._consumer)}
         starting = []
         with self._slots_lock:
             def eligible(item: WorkItem) -> bool:
