@@ -19,7 +19,7 @@ from tests.helpers import wait_until
 from tests.slow_engine import SlowEngine
 from workers.engine_runner import EngineRunner
 
-TOKENS = 10  # a request takes 0.2 s on an engine of 0.02 s a token
+TOKENS = 10  # a request takes 0.3 s on an engine of 0.03 s a token
 FIRST, SECOND = 30, 60  # requests before the crash and around it
 
 
@@ -34,7 +34,7 @@ def pool_of_three(platform):
                         model_path=str(platform.runner.engine.config.model), engine_config_hash="slow-engine",
                         max_model_len=512, actor="tests", price_input_per_1k_micros=1000,
                         price_output_per_1k_micros=9000)
-    runners = [EngineRunner(SlowEngine(0.02), name=f"slow-{i}").start() for i in range(3)]
+    runners = [EngineRunner(SlowEngine(0.03), name=f"slow-{i}").start() for i in range(3)]
     doomed_log = SeverableLog(platform.open_log())
     platform.logs.append(doomed_log._inner)
     loops = []
@@ -94,6 +94,12 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
     with platform.client(secret) as client, ThreadPoolExecutor(12) as pool:
         wait_until(lambda: client.get(f"/v1/models/{alias}").json()["serving"]["workers"] >= 3, 30,
                    what="the fleet to show the three workers")
+        normal = topics.work_topic(None, "normal", revision)
+
+        def split_between_all() -> bool:
+            mine = [{p for t, p in (loop.worker._assigned or set()) if t == normal.name} for loop in loops]
+            return all(mine) and sum(map(len, mine)) == normal.partitions
+        wait_until(split_between_all, 60, what="the three workers to split the work topic")
 
         def send(request_id: str):
             with platform.client(secret) as own:
@@ -108,9 +114,9 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
 
         second = [f"flood-{run}-b{i}" for i in range(SECOND)]
         pending = [pool.submit(send, r) for r in second]
-        # The crash comes mid-flood, with the doomed worker running some of the second wave.
-        wait_until(lambda: doomed.worker.worker_id in starts_by_worker(platform, set(second)).values(), 60,
-                   what="the doomed worker to start work of the second wave")
+        # The crash comes mid-flood, with the doomed worker running some of the second wave
+        # (the first is over).
+        wait_until(lambda: doomed.worker.in_flight > 0, 60, what="the doomed worker to run work of the second wave")
         doomed.halt()
         # What it started, it started before the crash (its loop is stopped).
         before = set(starts_by_worker(platform, set(second)))
@@ -140,7 +146,6 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
     split = Counter(after.values())
     assert doomed.worker.worker_id not in split, split
     assert all(split[s.worker.worker_id] >= len(after) // 4 for s in survivors), split
-    normal = topics.work_topic(None, "normal", revision)
     owned = {p for t, p in doomed.worker._assigned if t == normal.name}
     orphaned = [r for r in after if partition_for(r, normal.partitions) in owned]
     assert orphaned, "no work of the crashed worker's partitions was left to take over"
