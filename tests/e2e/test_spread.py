@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -77,6 +78,20 @@ def settled(platform, request_ids: set[str]) -> Counter:
     return count
 
 
+def requests_of(platform, tenant_id: str) -> set[str]:
+    return {env.correlation_id for env in map(decode_record, platform.admin_log.read_topic(topics.REQUESTS.name))
+            if env.tenant_id == tenant_id and env.event_type == "GenerationRequested"}
+
+
+def decode_record(record):
+    return decode(record.value)
+
+
+def started_at(platform, request_ids: set[str]) -> dict:
+    return {r: e.occurred_at for r, events in outcomes_by_request(platform, request_ids).items()
+            for e in events if e.event_type == "GenerationStarted"}
+
+
 def starts_by_worker(platform, request_ids: set[str]) -> dict[str, str]:
     """The worker that started each request (of those started)."""
     return {r: e.payload.worker_id for r, events in outcomes_by_request(platform, request_ids).items()
@@ -87,8 +102,7 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
     alias, revision, loops = pool_of_three
     doomed, survivors = loops[0], loops[1:]
     ids = [loop.worker.worker_id for loop in loops]
-    _, secret = platform.tenant()
-    run = uuid.uuid4().hex[:6]
+    tenant_id, secret = platform.tenant()
     body = {"model_alias": alias, "input": "flood", "max_output_tokens": TOKENS, "ignore_eos": True, "stream": False}
 
     with platform.client(secret) as client, ThreadPoolExecutor(12) as pool:
@@ -101,26 +115,27 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
             return all(mine) and sum(map(len, mine)) == normal.partitions
         wait_until(split_between_all, 60, what="the three workers to split the work topic")
 
-        def send(request_id: str):
+        def send(_=None):
             with platform.client(secret) as own:
-                return own.post("/v1/generations", json={**body, "request_id": request_id})
+                return own.post("/v1/generations", json=body)
 
-        first = [f"flood-{run}-a{i}" for i in range(FIRST)]
-        answers = list(pool.map(send, first))
+        answers = list(pool.map(send, range(FIRST)))
         assert all(a.status_code == 200 and a.json()["type"] == "completed" for a in answers), \
             [a.text for a in answers if a.status_code != 200][:3]
+        first = [a.json()["id"] for a in answers]
         by_worker = Counter(starts_by_worker(platform, set(first)).values())
         assert all(by_worker[w] > 0 for w in ids), f"not every worker served the tenant: {by_worker}"
 
-        second = [f"flood-{run}-b{i}" for i in range(SECOND)]
-        pending = [pool.submit(send, r) for r in second]
+        pending = [pool.submit(send) for _ in range(SECOND)]
         # The crash comes mid-flood, with the doomed worker running some of the second wave
         # (the first is over).
         wait_until(lambda: doomed.worker.in_flight > 0, 60, what="the doomed worker to run work of the second wave")
         doomed.halt()
-        # What it started, it started before the crash (its loop is stopped).
-        before = set(starts_by_worker(platform, set(second)))
+        crashed_at = datetime.now(timezone.utc)
         answers = [f.result(timeout=120) for f in pending]
+    second = requests_of(platform, tenant_id) - set(first)
+    assert len(second) == SECOND
+
 
     def end_of(answer) -> str:
         return answer.json()["type"] if answer.status_code == 200 else answer.json()["error"]["code"]
@@ -142,6 +157,7 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
     # The survivors took everything started after the crash, each a fair part of it,
     # including work from the partitions the crashed worker owned.
     started = starts_by_worker(platform, set(second))
+    before = {r for r, at in started_at(platform, set(second)).items() if at <= crashed_at}
     after = {r: w for r, w in started.items() if r not in before}
     split = Counter(after.values())
     assert doomed.worker.worker_id not in split, split
