@@ -98,6 +98,11 @@ class GroupConsumer(ABC):
     def committed(self, topic: str, partition: int) -> int | None:
         """The group's next offset to read for that partition, or None if never committed."""
 
+    def position(self, topic: str, partition: int) -> int | None:
+        """The next offset a poll hands out from that partition, past any transaction
+        markers; None where the adapter cannot tell without a read."""
+        return None
+
     @abstractmethod
     def seek_to_committed(self) -> None:
         """Forgets positions handed out but not committed (after a failed unit of work)."""

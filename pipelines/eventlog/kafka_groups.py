@@ -245,6 +245,12 @@ class KafkaGroupConsumer(GroupConsumer):
             logger.info("seek after fencing %s failed: %r; the next poll rejoins", self.member_id, exc)
         raise Fenced(f"{self.member_id} in {self._group!r}: {why}; nothing was committed") from cause
 
+    def position(self, topic: str, partition: int) -> int | None:
+        try:  # known locally once fetched: poll moves it past markers too
+            return self._consumer.position(KafkaTP(topic, partition), timeout_ms=int(self._timeout_s * 1000))
+        except Exception:  # not assigned (any more), or no answer: the caller reads instead
+            return None
+
     def committed(self, topic: str, partition: int) -> int | None:
         return self._consumer.committed(KafkaTP(topic, partition), timeout_ms=int(self._timeout_s * 1000))
 

@@ -38,6 +38,9 @@ class _NamespacedConsumer(GroupConsumer):
     def committed(self, topic: str, partition: int) -> int | None:
         return self._inner.committed(self._names.outer(topic), partition)
 
+    def position(self, topic: str, partition: int) -> int | None:
+        return self._inner.position(self._names.outer(topic), partition)
+
     def seek_to_committed(self) -> None:
         self._inner.seek_to_committed()
 
