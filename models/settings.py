@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     # A worker silent this long (no heartbeat, no leave) is lost: admission ends its running
     # generations (`worker_lost`) and settles them. Three missed beats of a 1 s interval.
     worker_lost_after_s: float = Field(default=3.0, gt=0)
+    # How much work may wait per (pool, revision): this many requests per live slot, never
+    # fewer than the floor; high priority twice as many, so normal work is shed first when
+    # capacity falls (`pipelines.capacity.QueueBound`).
+    admission_queued_per_slot: float = Field(default=4.0, gt=0)
+    admission_queued_floor: int = Field(default=16, ge=0)
     default_deadline_ms: int = 120_000
 
     @model_validator(mode="after")
