@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Protocol
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Protocol
 
 from models import topics
 from models.events_generation import GenerationCompleted, GenerationRequested
-from models.fleet import PoolCapacity
+from models.fleet import PoolCapacity, WorkerState
 from models.quota import Reject
 
 Key = tuple[str, str]  # (pool, revision)
 NO_CAPACITY_RETRY_MS = 2000  # a worker joining (or restarting) is seen within about this long
+# No live worker is taken for none only once none has served for this long (nor since admission
+# started watching): a worker joining, or restarting, as the request comes is not refused for.
+# The API refuses a revision without workers at the door; this is the backstop behind it.
+NO_CAPACITY_HOLD_S = 10.0
 MAX_SHED_RETRY_MS = 30_000
 
 
@@ -181,7 +185,13 @@ class CapacitySource(Protocol):
 
     def capacity(self) -> dict[Key, PoolCapacity]: ...
 
+    def all(self) -> list[WorkerState]: ...
+
     def refresh(self) -> object: ...
+
+
+def wall_clock() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 class CapacityBook:
@@ -189,8 +199,12 @@ class CapacityBook:
     measured, and the fleet's live capacity (`source`; None: nothing is refused for capacity)."""
 
     def __init__(self, source: CapacitySource | None, *, bound: QueueBound | None = None,
-                 floors: Floors | None = None):
+                 floors: Floors | None = None, hold_s: float = NO_CAPACITY_HOLD_S,
+                 clock: Callable[[], datetime] = wall_clock):
         self.source = source
+        self._hold = timedelta(seconds=hold_s)
+        self._clock = clock
+        self._since = clock()
         self.bound = bound or QueueBound()
         self.floors = floors or Floors()
         self.rates: dict[Key, ServiceRates] = {}
@@ -246,8 +260,14 @@ class CapacityBook:
                 # A worker that joined just before the request may not be read yet: read to now.
                 self.source.refresh()
                 capacity = self.source.capacity().get(key, PoolCapacity())
+            if capacity.workers == 0 and self._served_lately(key):
+                capacity = None  # not known to be none yet
         queued, high = self._counts.get(key, (0, 0))
         return Outlook(key, capacity, queued, high, self.rates_of(key))
+
+    def _served_lately(self, key: Key) -> bool:
+        signs = [w.left_at or w.last_seen for w in self.source.all() if (w.pool, w.model_revision) == key]
+        return self._clock() - max(signs + [self._since]) < self._hold
 
     def check(self, req: GenerationRequested, *, pool: str | None, asked_at: datetime, now: datetime) -> Reject | None:
         """`asked_at`: when the request was made; `now`: when it is decided (its deadline counts from then)."""

@@ -7,7 +7,8 @@ from datetime import timedelta
 from api.errors import rejection_error
 from models import topics
 from models.events_generation import GenerationCompleted, GenerationRejected, Timings
-from models.fleet import PoolCapacity
+from models.events_fleet import Capacity
+from models.fleet import PoolCapacity, WorkerState
 from models.reservations import ReservationBook
 from pipelines.admission import handle_requested
 from pipelines.capacity import CapacityBook, Outlook, QueueBound, ServiceRates, check, estimate, key_of
@@ -131,6 +132,9 @@ class FakeFleet:
     def capacity(self):
         return dict(self.seen)
 
+    def all(self):
+        return []
+
     def refresh(self):
         self.refreshes += 1
         self.complete_at = self.complete_at + timedelta(seconds=1)
@@ -161,14 +165,31 @@ def test_a_worker_joined_after_the_last_read_is_looked_for_before_refusing():
     assert book.outlook(KEY, asked_at=T0 + timedelta(milliseconds=100)).capacity == live()
     assert fleet.refreshes == 1
     # Read after the request was made: no worker then means none.
-    empty = CapacityBook(FakeFleet({}, complete_at=T0))
+    empty = CapacityBook(FakeFleet({}, complete_at=T0), hold_s=0)
     assert empty.outlook(KEY, asked_at=T0 - timedelta(seconds=1)).capacity.workers == 0
+
+
+def test_no_live_worker_is_taken_for_none_only_once_none_has_served_for_a_while():
+    clock = [T0]
+    fleet = FakeFleet({}, complete_at=T0 + timedelta(hours=1))
+    gone = WorkerState(worker_id="w", pool=KEY[0], model_revision=REV, engine_config_hash="h", host="h", pid=1,
+                       capacity=Capacity(max_seqs=2, kv_cache_tokens=0, max_model_len=512), heartbeat_interval_ms=1000,
+                       joined_at=T0, last_seen=T0 + timedelta(seconds=5))
+    fleet.all = lambda: [gone]
+    book = CapacityBook(fleet, hold_s=10, clock=lambda: clock[0])
+    clock[0] = T0 + timedelta(seconds=14)  # its worker went silent 9 s ago: one may be on its way
+    assert book.outlook(KEY, asked_at=T0).capacity is None
+    clock[0] = T0 + timedelta(seconds=16)
+    assert book.outlook(KEY, asked_at=T0).capacity.workers == 0
+    other = ("interactive", "never-served")  # none ever: counted from when admission started watching
+    assert book.outlook(other, asked_at=T0).capacity.workers == 0
+    assert CapacityBook(fleet, hold_s=10).outlook(other, asked_at=T0).capacity is None
 
 
 def test_refused_for_capacity_before_it_queues():
     reg, book = registry(), ReservationBook()
     fleet = FakeFleet({KEY: live(running=8)})
-    capacity = CapacityBook(fleet, bound=BOUND)
+    capacity = CapacityBook(fleet, bound=BOUND, hold_s=0)
     for i in range(16):
         capacity.queued(f"q{i}", KEY, "normal")
     out = handle_requested(requested("r1"), registry=reg, book=book, now=T0, grace=GRACE, capacity=capacity)
