@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     # fewer than the floor; high priority twice as many, so normal work is shed first when
     # capacity falls (`pipelines.capacity.QueueBound`).
     admission_queued_per_slot: float = Field(default=4.0, gt=0)
-    admission_queued_floor: int = Field(default=16, ge=0)
+    admission_queued_floor: int = Field(default=512, ge=0)
     default_deadline_ms: int = 120_000
 
     @model_validator(mode="after")
