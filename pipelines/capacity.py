@@ -89,7 +89,7 @@ class QueueBound:
     falls normal work is shed first (`Settings.admission_queued_per_slot`, `..._floor`)."""
 
     per_slot: float = 4.0
-    floor: int = 16
+    floor: int = 512
     high_factor: float = 2.0
 
     @classmethod
