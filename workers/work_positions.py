@@ -22,10 +22,14 @@ class WorkPositions:
 
     @classmethod
     def at_assignment(cls, log: EventLog, consumer: GroupConsumer, assigned: set[TopicPartition]) -> "WorkPositions":
+        """Where each assigned partition stands: two batched look-ups, not two round trips
+        per partition (a worker owns dozens of them, `models.topics.WORK_PARTITIONS`)."""
         positions = cls()
-        for tp in assigned:
-            positions.read[tp] = consumer.committed(*tp) or 0
-            positions.catch_up[tp] = log.end_offset(*tp)
+        if not assigned:
+            return positions
+        committed = consumer.committed_offsets(assigned)
+        positions.catch_up = log.end_offsets(assigned)
+        positions.read = {tp: committed.get(tp) or 0 for tp in assigned}
         return positions
 
     def saw(self, record: Record) -> None:

@@ -52,3 +52,28 @@ def test_past_a_marker_the_consumers_position_says_ready_with_no_read():
 def test_without_a_position_a_read_that_finds_nothing_says_ready():
     log = Log([])
     assert positions(read=9, target=10).ready(TP, log, Consumer(None)) and log.reads == 1
+
+
+class Batched:
+    """A log and a group consumer that answer only batched look-ups, counting them."""
+
+    def __init__(self, committed: dict, ends: dict):
+        self._committed, self._ends, self.calls = committed, ends, []
+
+    def committed_offsets(self, partitions):
+        self.calls.append("committed_offsets")
+        return {tp: self._committed.get(tp) for tp in partitions}
+
+    def end_offsets(self, partitions):
+        self.calls.append("end_offsets")
+        return {tp: self._ends[tp] for tp in partitions}
+
+
+def test_at_assignment_looks_every_partition_up_in_two_requests():
+    owned = {("work", p) for p in range(32)}
+    both = Batched(committed={("work", 0): 5}, ends={tp: 7 for tp in owned})
+    mine = WorkPositions.at_assignment(both, both, owned)
+    assert sorted(both.calls) == ["committed_offsets", "end_offsets"]
+    assert mine.read == {tp: 5 if tp == ("work", 0) else 0 for tp in owned}, "never committed reads from 0"
+    assert mine.catch_up == {tp: 7 for tp in owned}
+    assert WorkPositions.at_assignment(both, both, set()).read == {} and len(both.calls) == 2
