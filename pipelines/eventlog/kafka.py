@@ -208,10 +208,11 @@ class KafkaEventLog(EventLog):
                 left_ms = int((deadline - time.monotonic()) * 1000)
                 if not missing or left_ms <= 0:
                     break
-                # kafka-python leaves out partitions of topics whose metadata the reader has
-                # not looked up yet (and starts the lookup): ask again for those.
-                ends.update(reader.end_offsets(missing, timeout_ms=left_ms))
-                if any(tp not in ends for tp in missing):
+                try:
+                    ends.update(reader.end_offsets(missing, timeout_ms=left_ms))
+                except KeyError:
+                    # kafka-python fails the whole call when a partition's topic is one the reader
+                    # has not looked up yet (and starts the lookup): ask again in a moment.
                     time.sleep(0.005)
         if missing:
             raise EventLogError(f"no end offsets for {sorted(missing)} after {self._timeout_s}s")
