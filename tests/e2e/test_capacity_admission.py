@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from models import topics
-from models.events import decode
 from pipelines import admin
 from pipelines.capacity import QueueBound, key_of
+from tests.fleet_pool import assert_settled_once, ledger_kinds, of_tenant
 from tests.helpers import wait_until
 from tests.slow_engine import SlowEngine
 from workers.engine_runner import EngineRunner
@@ -49,27 +49,6 @@ def slow_revision(platform):
 def body(alias: str, request_id: str, **extra) -> dict:
     return {"model_alias": alias, "input": "slow", "max_output_tokens": TOKENS, "ignore_eos": True,
             "stream": False, "request_id": request_id, **extra}
-
-
-def of_tenant(platform, topic_name: str, tenant_id: str) -> list:
-    return [env for env in map(lambda r: decode(r.value), platform.admin_log.read_topic(topic_name))
-            if env.tenant_id == tenant_id]
-
-
-def ledger_kinds(platform, tenant_id: str) -> dict[str, list[str]]:
-    kinds: dict[str, list[str]] = {}
-    for env in of_tenant(platform, topics.LEDGER.name, tenant_id):
-        kinds.setdefault(env.correlation_id, []).append(env.event_type)
-    return kinds
-
-
-def assert_settled_once(platform, tenant_id: str, admitted: list[str]) -> None:
-    kinds = wait_until(lambda: (k := ledger_kinds(platform, tenant_id))
-                       and all(k.get(r, []).count("UsageSettled") for r in admitted) and k, 60,
-                       what="every admitted request to settle")
-    for request_id in admitted:
-        assert kinds[request_id].count("UsageSettled") == 1, (request_id, kinds[request_id])
-        assert kinds[request_id].count("ReservationReleased") == 1, (request_id, kinds[request_id])
 
 
 def post(platform, secret: str, payload: dict):
@@ -122,7 +101,7 @@ def test_a_deadline_the_queue_ahead_makes_impossible_is_refused_before_it_queues
 
 def test_with_the_queue_at_its_bound_normal_is_shed_and_high_still_served(platform, slow_revision):
     alias, revision, _ = slow_revision
-    tenant_id, secret = platform.tenant()
+    tenant_id, secret = platform.tenant(may_send_high=True)
     warm_up(platform, secret, alias, revision)
     # Two slots: normal work queues up to 4, high up to 8.
     platform.admission.capacity.bound = QueueBound(per_slot=2, floor=0)

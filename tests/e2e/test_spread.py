@@ -4,7 +4,6 @@ share; every request ends exactly once and settles exactly once. Engines of know
 (`tests.slow_engine`) serve a revision of their own; both logs."""
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
@@ -12,13 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from models import topics
-from models.events import decode
-from pipelines import admin
 from pipelines.eventlog import partition_for
-from tests.e2e.test_worker_crash import SeverableLog
+from tests.fleet_pool import (
+    assert_ended_and_settled_once, pool_of, requests_of, started_at, starts_by_worker,
+)
 from tests.helpers import wait_until
-from tests.slow_engine import SlowEngine
-from workers.engine_runner import EngineRunner
 
 TOKENS = 10  # a request takes 0.3 s on an engine of 0.03 s a token
 FIRST, SECOND = 30, 60  # requests before the crash and around it
@@ -26,80 +23,14 @@ FIRST, SECOND = 30, 60  # requests before the crash and around it
 
 @pytest.fixture
 def pool_of_three(platform):
-    """A revision of its own under a new alias, served by three workers, each its own engine
-    of known speed, the first on a log handle that can be cut (as a crash cuts it):
-    (alias, revision, loops, cut)."""
-    tag = uuid.uuid4().hex[:8]
-    alias, revision = f"spread-{tag}", f"spread@{tag}"
-    admin.approve_model(platform.view, alias=alias, model_revision=revision,
-                        model_path=str(platform.runner.engine.config.model), engine_config_hash="slow-engine",
-                        max_model_len=512, actor="tests", price_input_per_1k_micros=1000,
-                        price_output_per_1k_micros=9000)
-    runners = [EngineRunner(SlowEngine(0.03), name=f"slow-{i}").start() for i in range(3)]
-    doomed_log = SeverableLog(platform.open_log())
-    platform.logs.append(doomed_log._inner)
-    loops = []
-
-    def crash() -> None:
-        # Loop stopped (and its heartbeats with it): what the process would write from now on
-        # never reaches the log, its engine's work vanishes, its group membership ends.
-        doomed_log.severed = True
-        runners[0].close()
-        loops[0].worker._consumer.close()
-        loops[0].worker._cancels.stop()
-
-    loops.append(platform.start_worker(runner=runners[0], revision=revision, max_in_flight=2, log=doomed_log,
-                                       close=crash))
-    loops += [platform.start_worker(runner=runner, revision=revision, max_in_flight=2) for runner in runners[1:]]
-    try:
-        yield alias, revision, loops
-    finally:
-        for loop in loops:
-            loop.halt()
-        for runner in runners:
-            runner.close()
-
-
-def outcomes_by_request(platform, request_ids: set[str]) -> dict[str, list]:
-    found: dict[str, list] = {r: [] for r in request_ids}
-    for record in platform.admin_log.read_topic(topics.OUTCOMES.name):
-        env = decode(record.value)
-        if env.correlation_id in found:
-            found[env.correlation_id].append(env)
-    return found
-
-
-def settled(platform, request_ids: set[str]) -> Counter:
-    count: Counter = Counter()
-    for record in platform.admin_log.read_topic(topics.LEDGER.name):
-        env = decode(record.value)
-        if env.correlation_id in request_ids and env.event_type == "UsageSettled":
-            count[env.correlation_id] += 1
-    return count
-
-
-def requests_of(platform, tenant_id: str) -> set[str]:
-    return {env.correlation_id for env in map(decode_record, platform.admin_log.read_topic(topics.REQUESTS.name))
-            if env.tenant_id == tenant_id and env.event_type == "GenerationRequested"}
-
-
-def decode_record(record):
-    return decode(record.value)
-
-
-def started_at(platform, request_ids: set[str]) -> dict:
-    return {r: e.occurred_at for r, events in outcomes_by_request(platform, request_ids).items()
-            for e in events if e.event_type == "GenerationStarted"}
-
-
-def starts_by_worker(platform, request_ids: set[str]) -> dict[str, str]:
-    """The worker that started each request (of those started)."""
-    return {r: e.payload.worker_id for r, events in outcomes_by_request(platform, request_ids).items()
-            for e in events if e.event_type == "GenerationStarted"}
+    """A revision of its own under a new alias, served by three workers of known speed, the
+    first of which crashes when halted (`tests.fleet_pool.pool_of`)."""
+    with pool_of(platform, workers=3, pause_s=0.03, max_in_flight=2, name="spread") as pool:
+        yield pool
 
 
 def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones_share(platform, pool_of_three):
-    alias, revision, loops = pool_of_three
+    alias, revision, loops = pool_of_three.alias, pool_of_three.revision, pool_of_three.loops
     doomed, survivors = loops[0], loops[1:]
     ids = [loop.worker.worker_id for loop in loops]
     tenant_id, secret = platform.tenant()
@@ -109,11 +40,7 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
         wait_until(lambda: client.get(f"/v1/models/{alias}").json()["serving"]["workers"] >= 3, 30,
                    what="the fleet to show the three workers")
         normal = topics.work_topic(None, "normal", revision)
-
-        def split_between_all() -> bool:
-            mine = [{p for t, p in (loop.worker._assigned or set()) if t == normal.name} for loop in loops]
-            return all(mine) and sum(map(len, mine)) == normal.partitions
-        wait_until(split_between_all, 60, what="the three workers to split the work topic")
+        pool_of_three.wait_split()
 
         def send(_=None):
             with platform.client(secret) as own:
@@ -144,15 +71,8 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
     assert set(ends) <= {"completed", "worker_lost"} and ends["worker_lost"] <= 2, ends
 
     everyone = set(first) | set(second)
-    # Every request ends exactly once, and settles exactly once.
-    wait_until(lambda: set(settled(platform, everyone)) == everyone, 30, what="every request to settle")
-    terminals = {r: [e.event_type for e in events if e.event_type != "GenerationStarted"]
-                 for r, events in outcomes_by_request(platform, everyone).items()}
-    assert all(len(t) == 1 for t in terminals.values()), {r: t for r, t in terminals.items() if len(t) != 1}
-    assert set(settled(platform, everyone).values()) == {1}
-    starts = Counter(r for r, events in outcomes_by_request(platform, everyone).items()
-                     for e in events if e.event_type == "GenerationStarted")
-    assert set(starts.values()) == {1}, "a request was started twice"
+    # Every request ends exactly once, and settles exactly once; none started twice.
+    assert_ended_and_settled_once(platform, everyone, timeout_s=30)
 
     # The survivors took everything started after the crash, each a fair part of it,
     # including work from the partitions the crashed worker owned.

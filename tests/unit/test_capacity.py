@@ -187,7 +187,7 @@ def test_no_live_worker_is_taken_for_none_only_once_none_has_served_for_a_while(
 
 
 def test_refused_for_capacity_before_it_queues():
-    reg, book = registry(), ReservationBook()
+    reg, book = registry(may_send_high=True), ReservationBook()
     fleet = FakeFleet({KEY: live(running=8)})
     capacity = CapacityBook(fleet, bound=BOUND, hold_s=0)
     for i in range(16):
