@@ -13,6 +13,7 @@ from typing import Iterator
 from models import topics
 from models.events import decode
 from pipelines import admin
+from pipelines.capacity import key_of
 from tests.e2e.test_worker_crash import SeverableLog
 from tests.harness import Loop
 from tests.helpers import wait_until
@@ -71,6 +72,20 @@ def pool_of(platform, *, workers: int = 3, pause_s: float, max_in_flight: int = 
             loop.halt()
         for runner in runners:
             runner.close()
+
+
+def warm_up(platform, secret: str, alias: str, revision: str, payload: dict, *, workers: int = 1) -> None:
+    """Until the fleet shows `workers` workers of the revision and admission has measured its
+    pace from one request served (`payload`), so decisions rest on measured service rather
+    than the heartbeats' first readings."""
+    with platform.client(secret) as client:
+        wait_until(lambda: client.get(f"/v1/models/{alias}").json()["serving"]["workers"] >= workers, 30,
+                   what=f"the fleet to show {workers} workers of {revision}")
+        served = client.post("/v1/generations", json=payload)
+        assert served.status_code == 200, served.text
+    rates = platform.admission.capacity.rates_of(key_of(None, revision))
+    wait_until(lambda: rates.service_ms is not None and rates.tpot_ms is not None, 30,
+               what="admission to measure the revision's service")
 
 
 def decode_record(record):

@@ -12,7 +12,8 @@ import pytest
 
 from models import topics
 from pipelines import admin
-from pipelines.capacity import QueueBound, key_of
+from pipelines.capacity import QueueBound
+from tests import fleet_pool
 from tests.fleet_pool import assert_settled_once, ledger_kinds, of_tenant
 from tests.helpers import wait_until
 from tests.slow_engine import SlowEngine
@@ -58,14 +59,7 @@ def post(platform, secret: str, payload: dict):
 
 def warm_up(platform, secret: str, alias: str, revision: str) -> None:
     """One request served, so admission has measured the revision's pace."""
-    with platform.client(secret) as client:
-        wait_until(lambda: client.get(f"/v1/models/{alias}").json()["serving"]["workers"] >= 1, 30,
-                   what="the fleet to show the slow revision's worker")
-        served = client.post("/v1/generations", json=body(alias, f"warm-{uuid.uuid4().hex[:8]}"))
-        assert served.status_code == 200, served.text
-    rates = platform.admission.capacity.rates_of(key_of(None, revision))
-    wait_until(lambda: rates.service_ms is not None and rates.tpot_ms is not None, 30,
-               what="admission to measure the revision's service")
+    fleet_pool.warm_up(platform, secret, alias, revision, body(alias, f"warm-{uuid.uuid4().hex[:8]}"))
 
 
 def test_a_deadline_the_queue_ahead_makes_impossible_is_refused_before_it_queues(platform, slow_revision):

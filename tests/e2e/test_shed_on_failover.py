@@ -15,8 +15,7 @@ import pytest
 
 from models import topics
 from pipelines.capacity import QueueBound
-from tests.fleet_pool import assert_ended_and_settled_once, ledger_kinds, of_tenant, pool_of
-from tests.helpers import wait_until
+from tests.fleet_pool import assert_ended_and_settled_once, ledger_kinds, of_tenant, pool_of, warm_up
 
 PAUSE_S, TOKENS = 0.05, 20  # a request holds a slot about 1 s
 WORKERS, SLOTS = 3, 2  # 6 slots: about 6 requests/s; two workers serve about 4/s
@@ -37,6 +36,11 @@ class Sent:
     priority: str
     at: float  # monotonic
     answer: Future
+
+
+def texts(answers) -> str:
+    """The answers' bodies in full, one a line (a list would be cut short in the report)."""
+    return "\n".join(a.text for a in answers)
 
 
 def p95(values: list[int]) -> int:
@@ -61,15 +65,15 @@ def test_killing_one_of_three_sheds_normal_while_high_keeps_its_queue_time(platf
     doomed = pool.loops[0]
     tenant_id, secret = platform.tenant(may_send_high=True)
 
-    def post(priority: str):
-        body = {"model_alias": pool.alias, "input": "load", "max_output_tokens": TOKENS, "ignore_eos": True,
+    def payload(priority: str) -> dict:
+        return {"model_alias": pool.alias, "input": "load", "max_output_tokens": TOKENS, "ignore_eos": True,
                 "stream": False, "priority": priority, "request_id": f"{priority}-{uuid.uuid4().hex[:10]}"}
-        with platform.client(secret, timeout_s=90) as client:
-            return client.post("/v1/generations", json=body)
 
-    with platform.client(secret) as client:
-        wait_until(lambda: client.get(f"/v1/models/{pool.alias}").json()["serving"]["workers"] >= WORKERS, 30,
-                   what="the fleet to show the three workers")
+    def post(priority: str):
+        with platform.client(secret, timeout_s=90) as client:
+            return client.post("/v1/generations", json=payload(priority))
+
+    warm_up(platform, secret, pool.alias, pool.revision, payload("normal"), workers=WORKERS)
     pool.wait_split()
     pool.wait_split("high")
 
@@ -97,15 +101,16 @@ def test_killing_one_of_three_sheds_normal_while_high_keeps_its_queue_time(platf
     lost = [a for _, a in answers if a.status_code != 200 and code(a) == "worker_lost"]
     refused = [(s, a) for s, a in answers if a.status_code in (429, 503) and code(a) != "worker_lost"]
     # Only what ran on the killed worker (its two slots) is lost; its client is told so.
-    assert len(lost) <= SLOTS, [a.text for a in lost]
-    assert not [a.text for _, a in answers if a.status_code not in (200, 429, 503)]
+    assert len(lost) <= SLOTS, texts(lost)
+    assert not [a for _, a in answers if a.status_code not in (200, 429, 503)], \
+        texts(a for _, a in answers if a.status_code not in (200, 429, 503))
 
     # High priority is never refused.
-    assert not [a.text for s, a in refused if s.priority == "high"]
+    assert not [a for s, a in refused if s.priority == "high"], texts(a for s, a in refused if s.priority == "high")
     # Three workers fit the load: before the kill, normal work is (nearly) never shed.
     normal_before = [a for s, a in before if s.priority == "normal"]
     shed_before = [a for s, a in refused if s.at < killed_at]
-    assert len(shed_before) <= len(normal_before) // 10, [a.text for a in shed_before]
+    assert len(shed_before) <= len(normal_before) // 10, texts(shed_before)
     # Two do not: normal work is shed, told when to come back.
     shed_after = [a for s, a in refused if s.at >= killed_at]
     assert shed_after, "no normal request was shed after the kill"
