@@ -64,13 +64,15 @@ def _run_until_signal(run_once, close) -> int:
 def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
     from pipelines.admission import AdmissionProcessor
     from pipelines.bootstrap import Bootstrap
+    from pipelines.capacity import QueueBound
     from pipelines.metrics import AdmissionMetrics, serve_metrics
 
     platform = Bootstrap(settings)
     log = platform.event_log()
     metrics = AdmissionMetrics()
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
-                                   on_written=metrics.written, lost_after_s=settings.worker_lost_after_s)
+                                   on_written=metrics.written, lost_after_s=settings.worker_lost_after_s,
+                                   queue_bound=QueueBound.from_settings(settings))
     server = serve_metrics(settings, metrics.follow(processor).registry)
     return _run_until_signal(processor.run_once,
                              lambda: (processor.close(), log.close(), server and server.close()))

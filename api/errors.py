@@ -19,9 +19,11 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           504: "timeout_error"}
 
 # Admission's reasons: load and budget are worth retrying later (429); limits are not.
+# The fleet's own (shedding, no live worker) are the service's, apart from the tenant's limits: 503.
 _REJECTION_STATUS = {"rate": 429, "concurrency": 429, "tokens": 429, "spend": 429,
                      "input_too_large": 413, "output_too_large": 400, "unknown_model": 404,
-                     "tenant_disabled": 403, "model_retired": 410, "priority_not_allowed": 403}
+                     "tenant_disabled": 403, "model_retired": 410, "priority_not_allowed": 403,
+                     "shed": 503, "no_capacity": 503}
 
 
 class ClientGone(Exception):
@@ -43,8 +45,8 @@ def rejection_error(rejected: GenerationRejected) -> "ApiError":
     if status == 429 and rejected.retry_after_ms is None:
         status = 400
     headers = None
-    if status == 429:
-        headers = {"Retry-After": str(max(1, math.ceil(rejected.retry_after_ms / 1000)))}
+    if status in (429, 503):  # the fleet's 503s (shed, no live worker) say when to come back too
+        headers = {"Retry-After": str(max(1, math.ceil((rejected.retry_after_ms or 1000) / 1000)))}
     return ApiError(status, rejected.message, code=rejected.reason, headers=headers)
 
 

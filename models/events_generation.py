@@ -18,6 +18,7 @@ FinishReason = Literal["stop", "length"]
 RejectReason = Literal[
     "rate", "concurrency", "tokens", "spend", "input_too_large", "output_too_large",
     "deadline", "unknown_model", "tenant_disabled", "model_retired", "priority_not_allowed",
+    "shed", "no_capacity",  # the live fleet's, not the tenant's: load shed, no worker serves it
 ]
 
 

@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     # generations (`worker_lost`) and settles them. Five missed beats of a 1 s interval: a
     # loaded host can hold a beat back a second or two, and a false loss ends running work.
     worker_lost_after_s: float = Field(default=5.0, gt=0)
+    # How much work may wait per (pool, revision): this many requests per live slot, never
+    # fewer than the floor; high priority twice as many, so normal work is shed first when
+    # capacity falls (`pipelines.capacity.QueueBound`).
+    admission_queued_per_slot: float = Field(default=4.0, gt=0)
+    admission_queued_floor: int = Field(default=512, ge=0)
     default_deadline_ms: int = 120_000
 
     @model_validator(mode="after")

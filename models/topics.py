@@ -2,6 +2,15 @@
 
 Durable topics (no retention) carry no prompt or completion text, so they can be kept
 and replayed forever; text lives only on the bounded-retention topics.
+
+A revision's work topics are keyed by request and have `WORK_PARTITIONS` (32) partitions
+each, so one tenant's work spreads over every worker of its pool and revision, and a failed
+worker's partitions spread over all survivors. A consumer group gives each member at least
+one partition of a topic only up to its partition count: the largest pool the design
+serves is 32 workers per pool and revision (a 33rd would own no partition of a topic and
+sit idle). The revision-less topics (`WORK_HIGH`/`WORK_NORMAL`, a dedicated pool's pair
+without a revision) stay keyed by tenant with 4 partitions: admission pins every request
+to a revision, so only workers started without one read them.
 """
 from __future__ import annotations
 
@@ -39,6 +48,8 @@ ALL = (ADMIN, REQUESTS, LEDGER, OUTCOMES, PROMPTS, STREAM, WORK_HIGH, WORK_NORMA
 WORK_BY_PRIORITY = {"high": WORK_HIGH, "normal": WORK_NORMAL}
 
 SHARED_POOL = "interactive"
+# The most workers one pool and revision can use: each needs a partition of both topics.
+WORK_PARTITIONS = 32
 
 
 def revision_slug(revision: str) -> str:
@@ -63,7 +74,9 @@ def work_topic(pool: str | None, priority: str, revision: str | None = None) -> 
         return Topic(f"ledgerlm.work.dedicated-{pool}-{level}", 4, 1 * DAY_MS, "tenant",
                      f"GenerationQueued for the dedicated pool {pool}, priority {level}")
     lane = f"interactive-{level}" if shared else f"dedicated-{pool}-{level}"
-    return Topic(f"ledgerlm.work.{lane}.{revision_slug(revision)}", 4, 1 * DAY_MS, "tenant",
+    # Keyed by request: a tenant's work is not tied to one worker. The worker's marks of an
+    # item go to the item's own partition (workers.interactive), whatever the key says.
+    return Topic(f"ledgerlm.work.{lane}.{revision_slug(revision)}", WORK_PARTITIONS, 1 * DAY_MS, "request",
                  f"GenerationQueued for pool {pool or SHARED_POOL}, priority {level}, revision {revision}")
 
 

@@ -48,6 +48,7 @@ from models.quota import Ask, Reject, decide, min_service_ms
 from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
 from models.topics import Topic
+from pipelines.capacity import CapacityBook, QueueBound, key_of
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
@@ -106,9 +107,11 @@ def reject(env: Envelope, decision: Reject, *, book: ReservationBook, now: datet
 def handle_requested(
     env: Envelope, *, registry: Registry, book: ReservationBook, now: datetime, grace: timedelta,
     estimate: ServiceEstimate | None = None, queued_at: datetime | None = None,
+    capacity: CapacityBook | None = None,
 ) -> Outputs:
     """Decides at `now` (the request's time); `queued_at` is when the work really queued (the
-    wall clock), which workers measure queue time from."""
+    wall clock), which workers measure queue time from. `capacity`: the live fleet's, which
+    refuses what it cannot serve in time (`pipelines.capacity`)."""
     req: GenerationRequested = env.payload
     if book.decided(req.request_id):
         return []  # the same request delivered twice is decided once
@@ -132,6 +135,9 @@ def handle_requested(
     decision = decide(ask, book.usage_of(env.tenant_id), limits, now)
     if isinstance(decision, Reject):
         return reject(env, decision, book=book, now=now)
+    if capacity is not None and (refused := capacity.check(req, pool=limits.pool, asked_at=env.occurred_at,
+                                                             now=max(now, queued_at or now))) is not None:
+        return reject(env, refused, book=book, now=now)
     reservation_id = "res_" + uuid.uuid4().hex[:16]
     deadline = req.deadline_at or now + UNBOUNDED_DEADLINE
     reserved = caused_by(env, BudgetReserved(
@@ -266,9 +272,11 @@ class AdmissionProcessor:
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  estimate: ServiceEstimate | None = None, taker: Taker | None = None,
                  on_written: Callable[[Outputs], None] | None = None,
-                 lost_after_s: float | None = DEFAULT_LOST_AFTER_S, fleet: FleetWatch | None = None):
+                 lost_after_s: float | None = DEFAULT_LOST_AFTER_S, fleet: FleetWatch | None = None,
+                 queue_bound: QueueBound | None = None):
         """`lost_after_s`: how long a worker is silent before its generations end (None: never,
-        they expire); `fleet` replaces the watch it would make for that."""
+        they expire); `fleet` replaces the watch it would make for that, and gives the live
+        capacity admission decides with (`pipelines.capacity`, bounded by `queue_bound`)."""
         self._log = log
         self._on_written = on_written  # told what each committed unit wrote (metrics)
         self._taker = taker
@@ -293,12 +301,15 @@ class AdmissionProcessor:
         if fleet is None and lost_after_s is not None:
             fleet = FleetWatch(log, lost_after_s=lost_after_s)
         self.fleet = fleet
+        self.capacity = CapacityBook(fleet.view if fleet is not None else None, bound=queue_bound)
+        self._pruned_at = 0.0
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
 
     def _rebuild(self, owned: set[int]) -> None:
         self.book, self._clock = rebuild(self._log, owned)
+        self.capacity.forget_queue()
         if self.fleet is not None:  # which worker runs what: read back from the outcomes topic
             note_running(self._log, self.book, owned)
         self.owned = owned
@@ -312,14 +323,26 @@ class AdmissionProcessor:
         if isinstance(p, GenerationRequested):
             outputs = handle_requested(env, registry=registry, book=self.book, now=self._now(env.occurred_at),
                                        grace=self._grace, estimate=self.estimate,
-                                       queued_at=datetime.now(timezone.utc))
-            return self._offer(outputs) if self._taker is not None else outputs
+                                       queued_at=datetime.now(timezone.utc), capacity=self.capacity)
+            outputs = self._offer(outputs) if self._taker is not None else outputs
+            for _, out in outputs:  # what a taker started does not wait
+                if isinstance(out.payload, GenerationQueued):
+                    self.capacity.queued(p.request_id, self._key(registry, env), p.priority)
+            return outputs
         if isinstance(p, GenerationStarted):
             self.estimate.observe_queue(p.queued_ms)
+            self.capacity.started(p.request_id, self._key(registry, env), p.queued_ms)
             self.book.started(p.request_id, p.worker_id)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
+            self.capacity.ended(p.request_id, self._key(registry, env), p)
             return handle_terminal(env, registry=registry, book=self.book)
         return []
+
+    @staticmethod
+    def _key(registry: Registry, env: Envelope):
+        """(pool, revision) of a request or of its outcome (a failure or cancel names none:
+        it is only used when what it ends was not seen queued)."""
+        return key_of(registry.limits_for(env.tenant_id).pool, getattr(env.payload, "model_revision", ""))
 
     def _offer(self, outputs: Outputs) -> Outputs:
         """Queued work the taker starts goes out as its `GenerationStarted` instead."""
@@ -382,6 +405,9 @@ class AdmissionProcessor:
                     settling += decided
             now = datetime.now(timezone.utc)
             settling += expire_overdue(book=self.book, now=now)
+            if time.monotonic() - self._pruned_at >= 1.0:  # queued work that ended unseen (expired, lost)
+                self._pruned_at = time.monotonic()
+                self.capacity.prune(self.book.open)
             if self.fleet is not None:
                 lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
                 settling += end_lost(lost, book=self.book, now=now)

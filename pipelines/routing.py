@@ -12,12 +12,20 @@ Outputs = list[tuple[Topic, Envelope]]
 
 def key_for(topic: Topic, env: Envelope) -> str:
     # Tenant-keyed topics keep one tenant's events ordered for its single writer;
-    # request-keyed topics keep one request's stream in one partition.
+    # request-keyed topics keep one request's stream in one partition, and spread a
+    # revision's work over all its workers (the correlation id is the request id).
     return env.tenant_id if topic.keyed_by == "tenant" else env.correlation_id
 
 
 def to_message(topic: Topic, env: Envelope) -> Message:
     return Message(key=key_for(topic, env), value=encode(env))
+
+
+def beside(topic: Topic, env: Envelope, partition: int) -> tuple[str, Message]:
+    """`env` for `topic`'s `partition`, whatever its key says: a mark written next to the
+    item it marks, so a later owner of that partition sees both (even where the topic's
+    keying changed, or its partitions grew, after the item was written)."""
+    return topic.name, Message(key=key_for(topic, env), value=encode(env), partition=partition)
 
 
 def to_outputs(outputs: Iterable[tuple[Topic, Envelope]]) -> list[tuple[str, Message]]:

@@ -25,6 +25,7 @@ from models.settings import Settings
 from pipelines import admin
 from pipelines.admission import AdmissionProcessor
 from pipelines.admin import RegistryView
+from pipelines.capacity import QueueBound
 from pipelines.bootstrap import Bootstrap, topic_specs
 from pipelines.eventlog import EventLog
 from pipelines.tokencount import TokenCounter
@@ -153,7 +154,8 @@ class Platform:
     def start_admission(self, taker=None) -> Loop:
         processor = AdmissionProcessor(self._log(), RegistryView(self._log()),
                                        grace=timedelta(seconds=self.settings.grace_s), taker=taker,
-                                       lost_after_s=self.settings.worker_lost_after_s)
+                                       lost_after_s=self.settings.worker_lost_after_s,
+                                       queue_bound=QueueBound.from_settings(self.settings))
         self.admission = processor
         loop = Loop("admission", lambda: processor.run_once(0.05), processor.close).start()
         self.loops.append(loop)

@@ -72,13 +72,15 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
     from datetime import timedelta
 
     from pipelines.admission import AdmissionProcessor
+    from pipelines.capacity import QueueBound
 
     platform = Bootstrap(settings)
     log = platform.event_log(create_topics=False)
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
                                    member_id=f"{worker.worker_id}-admission",
                                    on_written=metrics.written if metrics is not None else None,
-                                   lost_after_s=settings.worker_lost_after_s)
+                                   lost_after_s=settings.worker_lost_after_s,
+                                   queue_bound=QueueBound.from_settings(settings))
     if metrics is not None:
         metrics.follow(processor)
 

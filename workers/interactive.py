@@ -18,6 +18,19 @@ passed in the queue ends there without running; running work is aborted on
 `CancelRequested` and at its deadline. Token and terminal events go out through one
 `StreamWriter`, batched across generations, so a slow log never slows the engine.
 
+Fair share at the pool level. A revision's work topics are keyed by request
+(`models.topics`), so each worker owns a share of the partitions and, by the hash of the
+request id, receives about that share of every tenant's work: each runs its own deficit
+round robin over a random sample of the pool's queue, and the pool's split between
+tenants approximates the weighted fair share. What holds: no tenant is tied to one worker,
+a flooding tenant uses the whole pool while it is alone, a light tenant's request is
+served within the fair share of whichever worker it lands on, and a failed worker's
+partitions (and its tenants' work) spread over all survivors. What does not: nothing
+coordinates the workers, so fairness is exact only in expectation; a request lands by its
+hash, not on the freest worker (one worker may queue while another idles; nothing is
+stolen); a worker with more partitions or a slower engine skews the split; and a tenant's
+requests start in no set order across workers, nor across the partitions of one.
+
 A worker can also be the `taker` of an admission processor in its process (`offer`):
 admitted work it can start at once (a free engine slot, the tenant within its share, and
 nothing queued that would come first) is taken in the admission's commit and never queued.
@@ -46,9 +59,9 @@ from models.events_generation import (
 )
 from models.topics import Topic
 from pipelines.admission import Taking
-from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicPartition, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, Message, Record, TopicPartition, TopicSpec
 from pipelines.idle_positions import IdlePositions
-from pipelines.routing import Outputs, publish, to_outputs
+from pipelines.routing import beside, publish, to_outputs
 from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner
@@ -60,6 +73,7 @@ from workers.work_positions import WorkPositions
 from workers.worker_presence import worker_presence
 
 logger = logging.getLogger(__name__)
+Writes = list[tuple[str, Message]]  # what one take commits: (topic name, message)
 
 
 class QueuedWork(NamedTuple):
@@ -245,7 +259,7 @@ class InteractiveWorker:
         for record in records:
             self._take_in(record)
         now = datetime.now(timezone.utc)
-        outputs: Outputs = []
+        outputs: Writes = []
         if time.monotonic() >= self._next_sweep or self._cancels.pending_for(self._items):
             outputs += self._sweep(now)
         starting = self._choose(now, outputs)
@@ -272,7 +286,7 @@ class InteractiveWorker:
             taken.set_result(True)
 
         try:
-            self._consumer.commit_with(to_outputs(outputs), offsets=offsets, on_committed=committed)
+            self._consumer.commit_with(outputs, offsets=offsets, on_committed=committed)
         except BaseException as exc:
             # Nothing of this unit was written (the transaction aborted): what began stops
             # without a trace, and reading starts again from what is committed.
@@ -326,7 +340,7 @@ class InteractiveWorker:
             self._queue.drop(item)
             self._release(item.value)
 
-    def _end_early(self, item: WorkItem, now: datetime) -> Outputs:
+    def _end_early(self, item: WorkItem, now: datetime) -> Writes:
         """Ends a queued item without running it: cancelled, or its deadline passed."""
         env = item.value.queued
         req = env.payload.request
@@ -338,15 +352,21 @@ class InteractiveWorker:
             end = GenerationFailed(request_id=req.request_id, error_code="deadline_expired",
                                    message="deadline passed in the queue", timings=timings)
         terminal = caused_by(env, end)
-        return [(topics.OUTCOMES, terminal), (topics.STREAM, terminal), (self._topics[item.value.topic], terminal)]
+        return to_outputs([(topics.OUTCOMES, terminal), (topics.STREAM, terminal)]) + [self._mark(item, terminal)]
+
+    def _mark(self, item: WorkItem, env: Envelope) -> tuple[str, Message]:
+        """`env` as the mark that `item` was taken or ended: in the item's own partition,
+        where a later owner of that partition reads it before starting anything there."""
+        work = item.value
+        return beside(self._topics[work.topic], env, work.partition)
 
     def _should_end(self, item: WorkItem, now: datetime) -> bool:
         req = item.value.queued.payload.request
         return req.request_id in self._cancels.cancelled or (req.deadline_at is not None and req.deadline_at <= now)
 
-    def _sweep(self, now: datetime) -> Outputs:
+    def _sweep(self, now: datetime) -> Writes:
         self._next_sweep = time.monotonic() + self.SWEEP_S
-        outputs: Outputs = []
+        outputs: Writes = []
         for item in [i for i in self._queue.items() if self._should_end(i, now)]:
             outputs += self._end_early(item, now)
             self._forget(item)
@@ -361,9 +381,13 @@ class InteractiveWorker:
         """Its partition's commit point may move past it (taken, ended, or someone else's)."""
         self._positions.release(work.topic_partition, work.offset)
 
-    def _choose(self, now: datetime, outputs: Outputs) -> list[tuple[WorkItem, Envelope, int]]:
+    def _choose(self, now: datetime, outputs: Writes) -> list[tuple[WorkItem, Envelope, int]]:
         """Takes items while their tenants may have a slot; appends what to write to `outputs`."""
-        blocked = {tp for tp in list(self._positions.catch_up) if not self._positions.ready(tp, self._log)}
+        # Only partitions with work queued are looked at: of the many a worker may own
+        # (`topics.WORK_PARTITIONS` a topic), most are idle, and a look may cost a read.
+        held = self._positions.held
+        blocked = {tp for tp in list(self._positions.catch_up)
+                   if held.get(tp) and not self._positions.ready(tp, self._log, self._consumer)}
         starting = []
         with self._slots_lock:
             def eligible(item: WorkItem) -> bool:
@@ -378,7 +402,7 @@ class InteractiveWorker:
                 started, priority = self._start_locked(item.value.queued, now)
                 # Its stream copy follows the commit, through the stream writer: a
                 # transaction open on a stream partition would hold back other streams.
-                outputs += [(topics.OUTCOMES, started), (self._topics[item.value.topic], started)]
+                outputs += to_outputs([(topics.OUTCOMES, started)]) + [self._mark(item, started)]
                 starting.append((item, started, priority))
         return starting
 

@@ -22,10 +22,14 @@ class WorkPositions:
 
     @classmethod
     def at_assignment(cls, log: EventLog, consumer: GroupConsumer, assigned: set[TopicPartition]) -> "WorkPositions":
+        """Where each assigned partition stands: two batched look-ups, not two round trips
+        per partition (a worker owns dozens of them, `models.topics.WORK_PARTITIONS`)."""
         positions = cls()
-        for tp in assigned:
-            positions.read[tp] = consumer.committed(*tp) or 0
-            positions.catch_up[tp] = log.end_offset(*tp)
+        if not assigned:
+            return positions
+        committed = consumer.committed_offsets(assigned)
+        positions.catch_up = log.end_offsets(assigned)
+        positions.read = {tp: committed.get(tp) or 0 for tp in assigned}
         return positions
 
     def saw(self, record: Record) -> None:
@@ -38,13 +42,17 @@ class WorkPositions:
     def release(self, tp: TopicPartition, offset: int) -> None:
         self.held.get(tp, set()).discard(offset)
 
-    def ready(self, tp: TopicPartition, log: EventLog) -> bool:
+    def ready(self, tp: TopicPartition, log: EventLog, consumer: GroupConsumer | None = None) -> bool:
         """Read up to where the partition ended at assignment (or nothing is left to read:
-        transaction markers take offsets that no record has)."""
+        transaction markers take offsets that no record has). The consumer's position, where
+        it knows one, says so without a read: on Kafka a read that finds only a marker costs
+        a fetch wait, and a worker owns many partitions (`models.topics.WORK_PARTITIONS`)."""
         target = self.catch_up.get(tp)
         if target is None:
             return True
-        if self.read.get(tp, 0) >= target or not log.read(tp[0], tp[1], self.read.get(tp, 0), max_records=1):
+        read = self.read.get(tp, 0)
+        if (read >= target or (consumer is not None and (consumer.position(*tp) or 0) >= target)
+                or not log.read(tp[0], tp[1], read, max_records=1)):
             del self.catch_up[tp]
             return True
         return False

@@ -98,6 +98,16 @@ class GroupConsumer(ABC):
     def committed(self, topic: str, partition: int) -> int | None:
         """The group's next offset to read for that partition, or None if never committed."""
 
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """`committed` of several partitions at once (adapters ask in one request: a pool
+        worker owns dozens of work partitions and looks them all up at each assignment)."""
+        return {tp: self.committed(*tp) for tp in partitions}
+
+    def position(self, topic: str, partition: int) -> int | None:
+        """The next offset a poll hands out from that partition, past any transaction
+        markers; None where the adapter cannot tell without a read."""
+        return None
+
     @abstractmethod
     def seek_to_committed(self) -> None:
         """Forgets positions handed out but not committed (after a failed unit of work)."""
@@ -146,7 +156,8 @@ class Tail:
 
     def end_offsets(self) -> dict[int, int]:
         """The followed partitions' ends now: `poll` until `offsets` reach them to be caught up."""
-        return {p: self._log.end_offset(self._topic, p) for p in self.offsets}
+        ends = self._log.end_offsets([(self._topic, p) for p in self.offsets])
+        return {p: ends[self._topic, p] for p in self.offsets}
 
     def read_to(self, ends: Mapping[int, int] | None = None, *, timeout_s: float, max_records: int = 1000
                 ) -> Iterator[Record]:
@@ -219,6 +230,10 @@ class EventLog(ABC):
     def end_offset(self, topic: str, partition: int) -> int:
         """The offset the next appended record of that partition will get."""
 
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """`end_offset` of several partitions at once; adapters ask in one request."""
+        return {tp: self.end_offset(*tp) for tp in partitions}
+
     @abstractmethod
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         ...
@@ -239,7 +254,8 @@ class EventLog(ABC):
         partitions to read and where each starts; None reads every partition from its start."""
         if from_offsets is None:
             from_offsets = {p: 0 for p in range(self.partitions(topic))}
-        ranges = [(p, from_offsets[p], self.end_offset(topic, p)) for p in sorted(from_offsets)]
+        ends = self.end_offsets([(topic, p) for p in sorted(from_offsets)])
+        ranges = [(p, from_offsets[p], ends[topic, p]) for p in sorted(from_offsets)]
         return (record for p, start, end in ranges for record in self._read_range(topic, p, start, end, page))
 
     def _read_range(self, topic: str, partition: int, offset: int, end: int, page: int) -> Iterator[Record]:

@@ -12,10 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from pipelines.eventlog.base import EventLog, GroupConsumer, Message, Record, Tail, TopicSpec, UnknownTopic
+from pipelines.eventlog.base import (
+    EventLog, GroupConsumer, Message, Record, Tail, TopicPartition, TopicSpec, UnknownTopic,
+)
 from pipelines.eventlog.embedded_groups import EmbeddedGroupConsumer, GroupOptions
 from pipelines.eventlog.embedded_store import (
-    check_partition, connect, create_schema, insert_records, now_ms, partition_count, select_records, write_txn,
+    check_partition, connect, create_schema, insert_records, now_ms, partition_count, partition_rows, select_records,
+    write_txn,
 )
 
 
@@ -83,6 +86,18 @@ class EmbeddedEventLog(EventLog):
 
     def end_offset(self, topic: str, partition: int) -> int:
         return self._partition_end(topic, partition, "next_offset")
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """`end_offset` of every partition in one query."""
+        wanted = list(partitions)
+        with self._lock:
+            for tp in wanted:
+                check_partition(self._conn, *tp)
+            rows = partition_rows(self._conn, "partition_ends", "next_offset", wanted)
+        missing = [tp for tp in wanted if tp not in rows]
+        if missing:  # dropped from the file after this connection counted their partitions
+            raise UnknownTopic(f"topics {sorted({t for t, _ in missing})} do not exist")
+        return {tp: rows[tp] for tp in wanted}
 
     def low_offset(self, topic: str, partition: int) -> int:
         """The first offset still stored; reads below it start there."""

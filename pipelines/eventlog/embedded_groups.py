@@ -16,11 +16,11 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from pipelines.eventlog.base import Fenced, GroupConsumer, Message, Record, TopicPartition
 from pipelines.eventlog.embedded_store import (
-    DataVersion, committed_offset, insert_records, now_ms, select_records, write_txn,
+    DataVersion, committed_offset, insert_records, now_ms, partition_rows, select_records, write_txn,
 )
 
 
@@ -205,6 +205,12 @@ class EmbeddedGroupConsumer(GroupConsumer):
 
     def committed(self, topic: str, partition: int) -> int | None:
         return committed_offset(self._conn, self._group, topic, partition)
+
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        wanted = list(partitions)
+        found = partition_rows(self._conn, "group_offsets", "next_offset", wanted, where=" AND grp = ?",
+                               args=(self._group,))
+        return {tp: found.get(tp) for tp in wanted}
 
     def seek_to_committed(self) -> None:
         self._stale = False

@@ -178,3 +178,17 @@ def committed_offset(conn: sqlite3.Connection, group: str, topic: str, partition
     row = conn.execute("SELECT next_offset FROM group_offsets WHERE grp = ? AND topic = ? AND partition = ?",
                        (group, topic, partition)).fetchone()
     return None if row is None else row[0]
+
+
+def partition_rows(conn: sqlite3.Connection, table: str, column: str, partitions: Sequence[tuple[str, int]],
+                   *, where: str = "", args: Sequence = ()) -> dict[tuple[str, int], int]:
+    """`column` of `table` for each of `partitions` that has a row, in one query (`where`
+    and `args` narrow it further, e.g. to a group)."""
+    topics = sorted({t for t, _ in partitions})
+    if not topics:
+        return {}
+    wanted = set(partitions)
+    marks = ", ".join("?" * len(topics))
+    rows = conn.execute(f"SELECT topic, partition, {column} FROM {table} WHERE topic IN ({marks}){where}",
+                        (*topics, *args)).fetchall()
+    return {(t, p): value for t, p, value in rows if (t, p) in wanted}

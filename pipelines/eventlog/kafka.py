@@ -15,7 +15,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kerr
 
 from pipelines.eventlog.base import (
-    EventLog, EventLogError, GroupConsumer, Message, Record, Tail, TopicSpec, UnknownTopic, partition_for,
+    EventLog, EventLogError, GroupConsumer, Message, Record, Tail, TopicPartition, TopicSpec, UnknownTopic,
+    partition_for,
 )
 from pipelines.eventlog.kafka_groups import KafkaGroupConsumer, to_record
 
@@ -192,6 +193,30 @@ class KafkaEventLog(EventLog):
         tp = self._check(topic, partition)
         with self._read_lock:
             return self._end(self._reader_for(tp), tp)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """`end_offset` of every partition in one ListOffsets request per broker."""
+        wanted = [self._check(t, p) for t, p in partitions]
+        if not wanted:
+            return {}
+        deadline = time.monotonic() + self._timeout_s
+        ends: dict[KafkaTP, int] = {}
+        with self._read_lock:
+            reader = self._reader_for(wanted[0])
+            while True:
+                missing = [tp for tp in wanted if tp not in ends]
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if not missing or left_ms <= 0:
+                    break
+                try:
+                    ends.update(reader.end_offsets(missing, timeout_ms=left_ms))
+                except KeyError:
+                    # kafka-python fails the whole call when a partition's topic is one the reader
+                    # has not looked up yet (and starts the lookup): ask again in a moment.
+                    time.sleep(0.005)
+        if missing:
+            raise EventLogError(f"no end offsets for {sorted(missing)} after {self._timeout_s}s")
+        return {(tp.topic, tp.partition): ends[tp] for tp in wanted}
 
     def low_offset(self, topic: str, partition: int) -> int:
         """The first offset still stored; reads below it start there."""

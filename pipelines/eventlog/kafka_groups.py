@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTP
@@ -245,15 +245,31 @@ class KafkaGroupConsumer(GroupConsumer):
             logger.info("seek after fencing %s failed: %r; the next poll rejoins", self.member_id, exc)
         raise Fenced(f"{self.member_id} in {self._group!r}: {why}; nothing was committed") from cause
 
+    def position(self, topic: str, partition: int) -> int | None:
+        try:  # known locally once fetched: poll moves it past markers too
+            return self._consumer.position(KafkaTP(topic, partition), timeout_ms=int(self._timeout_s * 1000))
+        except Exception:  # not assigned (any more), or no answer: the caller reads instead
+            return None
+
     def committed(self, topic: str, partition: int) -> int | None:
         return self._consumer.committed(KafkaTP(topic, partition), timeout_ms=int(self._timeout_s * 1000))
+
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        found = self._fetch_committed([KafkaTP(t, p) for t, p in partitions])
+        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+    def _fetch_committed(self, partitions: list[KafkaTP]) -> dict[KafkaTP, int | None]:
+        """One OffsetFetch for all of them: kafka-python's `committed` asks per partition,
+        its coordinator's `fetch_committed_offsets` (which `committed` calls) for a list."""
+        found = self._consumer._coordinator.fetch_committed_offsets(  # noqa: SLF001
+            partitions, timeout_ms=int(self._timeout_s * 1000)) if partitions else {}
+        return {tp: found[tp].offset if tp in found else None for tp in partitions}
 
     def seek_to_committed(self) -> None:
         self._stale = False
         self._positions = {}
         self._polled_under = None
-        for tp in self._consumer.assignment():
-            offset = self._consumer.committed(tp, timeout_ms=int(self._timeout_s * 1000))
+        for tp, offset in self._fetch_committed(list(self._consumer.assignment())).items():
             if offset is None:
                 self._consumer.seek_to_beginning(tp)
             else:

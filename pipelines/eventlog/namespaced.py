@@ -18,6 +18,9 @@ class _Names:
     def inner(self, record: Record) -> Record:
         return replace(record, topic=record.topic[len(self.prefix):])
 
+    def inner_tp(self, tp: TopicPartition) -> TopicPartition:
+        return tp[0][len(self.prefix):], tp[1]
+
 
 class _NamespacedConsumer(GroupConsumer):
     def __init__(self, inner: GroupConsumer, names: _Names):
@@ -38,12 +41,18 @@ class _NamespacedConsumer(GroupConsumer):
     def committed(self, topic: str, partition: int) -> int | None:
         return self._inner.committed(self._names.outer(topic), partition)
 
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        found = self._inner.committed_offsets([(self._names.outer(t), p) for t, p in partitions])
+        return {self._names.inner_tp(tp): offset for tp, offset in found.items()}
+
+    def position(self, topic: str, partition: int) -> int | None:
+        return self._inner.position(self._names.outer(topic), partition)
+
     def seek_to_committed(self) -> None:
         self._inner.seek_to_committed()
 
     def assignment(self) -> set[TopicPartition]:
-        n = len(self._names.prefix)
-        return {(t[n:], p) for t, p in self._inner.assignment()}
+        return {self._names.inner_tp(tp) for tp in self._inner.assignment()}
 
     def close(self) -> None:
         self._inner.close()
@@ -98,6 +107,10 @@ class NamespacedEventLog(EventLog):
 
     def end_offset(self, topic: str, partition: int) -> int:
         return self.inner.end_offset(self._names.outer(topic), partition)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        ends = self.inner.end_offsets([(self._names.outer(t), p) for t, p in partitions])
+        return {self._names.inner_tp(tp): offset for tp, offset in ends.items()}
 
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         inner = self.inner.consumer(self._names.prefix + group, [self._names.outer(t) for t in topics],

@@ -94,13 +94,21 @@ class Fleet:
         ended["thread"] = thread
         return ended
 
-    def tenant(self, on: set | None = None) -> str:
-        """A new tenant; with `on`, one whose work lands on a partition of that assignment."""
-        while True:
-            tenant = "t" + uuid.uuid4().hex[:10]
-            if on is None or (NORMAL.name, partition_for(tenant, NORMAL.partitions)) in on:
-                admin.create_tenant(self.view, tenant_id=tenant, name=tenant, actor="tests")
-                return tenant
+    def tenant(self) -> str:
+        tenant = "t" + uuid.uuid4().hex[:10]
+        admin.create_tenant(self.view, tenant_id=tenant, name=tenant, actor="tests")
+        return tenant
+
+    @staticmethod
+    def request_ids(on: set, count: int) -> list[str]:
+        """New request ids whose work lands on a partition of the assignment `on` (a
+        revision's work is keyed by request)."""
+        found: list[str] = []
+        while len(found) < count:
+            request_id = f"r{len(found)}-{uuid.uuid4().hex[:6]}"
+            if (NORMAL.name, partition_for(request_id, NORMAL.partitions)) in on:
+                found.append(request_id)
+        return found
 
     def request(self, tenant: str, request_id: str, *, max_output_tokens: int = 1) -> None:
         [prompt] = publish(self.log, topics.PROMPTS, [new_event(PromptSubmitted(request_id=request_id, prompt="p"),
@@ -167,8 +175,8 @@ def test_a_worker_whose_engine_dies_stops_fails_its_running_work_leaves_and_its_
 
     # Four requests of a tenant whose work the dying worker owns: two run (held by its
     # engine), two wait in what it read ahead.
-    tenant = fleet.tenant(on=dying._assigned)  # noqa: SLF001
-    request_ids = [f"r{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    tenant = fleet.tenant()
+    request_ids = fleet.request_ids(dying._assigned, 4)  # noqa: SLF001
     for request_id in request_ids:
         fleet.request(tenant, request_id)
     wait_until(lambda: len(dying_engine.started) == 2 and dying.queued == 2, 60,

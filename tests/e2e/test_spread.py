@@ -1,0 +1,87 @@
+"""Work spreads by request, not by tenant: one tenant flooding a pool of three workers of one
+revision is served by all three, and when one of them crashes the two survivors absorb its
+share; every request ends exactly once and settles exactly once. Engines of known speed
+(`tests.slow_engine`) serve a revision of their own; both logs."""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timezone
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from models import topics
+from pipelines.eventlog import partition_for
+from tests.fleet_pool import (
+    assert_ended_and_settled_once, pool_of, requests_of, started_at, starts_by_worker,
+)
+from tests.helpers import wait_until
+
+TOKENS = 10  # a request takes 0.3 s on an engine of 0.03 s a token
+FIRST, SECOND = 30, 60  # requests before the crash and around it
+
+
+@pytest.fixture
+def pool_of_three(platform):
+    """A revision of its own under a new alias, served by three workers of known speed, the
+    first of which crashes when halted (`tests.fleet_pool.pool_of`)."""
+    with pool_of(platform, workers=3, pause_s=0.03, max_in_flight=2, name="spread") as pool:
+        yield pool
+
+
+def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones_share(platform, pool_of_three):
+    alias, revision, loops = pool_of_three.alias, pool_of_three.revision, pool_of_three.loops
+    doomed, survivors = loops[0], loops[1:]
+    ids = [loop.worker.worker_id for loop in loops]
+    tenant_id, secret = platform.tenant()
+    body = {"model_alias": alias, "input": "flood", "max_output_tokens": TOKENS, "ignore_eos": True, "stream": False}
+
+    with platform.client(secret) as client, ThreadPoolExecutor(12) as pool:
+        wait_until(lambda: client.get(f"/v1/models/{alias}").json()["serving"]["workers"] >= 3, 30,
+                   what="the fleet to show the three workers")
+        normal = topics.work_topic(None, "normal", revision)
+        pool_of_three.wait_split()
+
+        def send(_=None):
+            with platform.client(secret) as own:
+                return own.post("/v1/generations", json=body)
+
+        answers = list(pool.map(send, range(FIRST)))
+        assert all(a.status_code == 200 and a.json()["type"] == "completed" for a in answers), \
+            [a.text for a in answers if a.status_code != 200][:3]
+        first = [a.json()["id"] for a in answers]
+        by_worker = Counter(starts_by_worker(platform, set(first)).values())
+        assert all(by_worker[w] > 0 for w in ids), f"not every worker served the tenant: {by_worker}"
+
+        pending = [pool.submit(send) for _ in range(SECOND)]
+        # The crash comes mid-flood, with the doomed worker running some of the second wave
+        # (the first is over).
+        wait_until(lambda: doomed.worker.in_flight > 0, 60, what="the doomed worker to run work of the second wave")
+        doomed.halt()
+        crashed_at = datetime.now(timezone.utc)
+        answers = [f.result(timeout=120) for f in pending]
+    second = requests_of(platform, tenant_id) - set(first)
+    assert len(second) == SECOND
+
+
+    def end_of(answer) -> str:
+        return answer.json()["type"] if answer.status_code == 200 else answer.json()["error"]["code"]
+    # Only what ran on the crashed worker (two slots) is lost; a client of it is told so.
+    ends = Counter(map(end_of, answers))
+    assert set(ends) <= {"completed", "worker_lost"} and ends["worker_lost"] <= 2, ends
+
+    everyone = set(first) | set(second)
+    # Every request ends exactly once, and settles exactly once; none started twice.
+    assert_ended_and_settled_once(platform, everyone, timeout_s=30)
+
+    # The survivors took everything started after the crash, each a fair part of it,
+    # including work from the partitions the crashed worker owned.
+    started = starts_by_worker(platform, set(second))
+    before = {r for r, at in started_at(platform, set(second)).items() if at <= crashed_at}
+    after = {r: w for r, w in started.items() if r not in before}
+    split = Counter(after.values())
+    assert doomed.worker.worker_id not in split, split
+    assert all(split[s.worker.worker_id] >= len(after) // 4 for s in survivors), split
+    owned = {p for t, p in doomed.worker._assigned if t == normal.name}
+    orphaned = [r for r in after if partition_for(r, normal.partitions) in owned]
+    assert orphaned, "no work of the crashed worker's partitions was left to take over"
