@@ -134,10 +134,10 @@ def estimate(outlook: Outlook, *, priority: str, max_output_tokens: int, floors:
     """When a request would end: the queue ahead drained by the live slots, its first
     token, then each further one at the measured pace."""
     rates, cap = outlook.rates, outlook.capacity
-    tpot = rates.tpot_ms
-    if tpot is None and cap is not None and cap.running > 0 and cap.output_tokens_per_s > 0:
-        tpot = 1000.0 * cap.running / cap.output_tokens_per_s  # the heartbeats' pace per sequence
-    tpot = floors.ms_per_output_token if tpot is None else tpot
+    # Before a generation of the revision has ended, the floors: the heartbeats' tokens/s is
+    # no pace per sequence (a worker that has just started its first requests reports a few
+    # tokens over a whole beat), and a pace read too slow refuses work the fleet would serve.
+    tpot = floors.ms_per_output_token if rates.tpot_ms is None else rates.tpot_ms
     ttft = floors.first_token_ms if rates.ttft_ms is None else rates.ttft_ms
     serve = ttft + tpot * max(0, max_output_tokens - 1)
     if cap is None or cap.max_seqs <= 0:  # no live view: the queue time lately seen

@@ -71,10 +71,11 @@ def test_before_anything_is_measured_the_floors_refuse_only_hopeless_deadlines()
     assert decide(Outlook(KEY, live()), max_output_tokens=200, left_ms=20).reason == "deadline"
 
 
-def test_the_heartbeats_pace_stands_in_until_generations_are_measured():
-    # 4 sequences making 40 tokens/s together: 100 ms a token each.
-    est = estimate(Outlook(KEY, live(running=4, tokens_per_s=40.0)), priority="normal", max_output_tokens=11)
-    assert est.serve_ms == 5 + 1000
+def test_a_worker_just_starting_its_first_requests_does_not_make_deadlines_look_hopeless():
+    # Four sequences running, a few tokens reported over the last beat: no pace to go by yet.
+    starting = Outlook(KEY, live(running=4, tokens_per_s=0.5))
+    assert estimate(starting, priority="normal", max_output_tokens=101).serve_ms == 5 + 50
+    assert decide(starting, max_output_tokens=100, left_ms=60_000) is None
 
 
 def test_normal_priority_is_shed_at_the_bound_high_queues_twice_as_far():
