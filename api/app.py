@@ -11,8 +11,9 @@ from fastapi import FastAPI
 from api import errors
 from api.deps import Services
 from api.body_limit import BodyLimit
+from api.ops_access import install_docs_access
 from api.routes import generations, metrics as metrics_routes, openai_compat, streams
-from api.routes import admin as admin_routes, models as model_routes
+from api.routes import admin as admin_routes, admin_keys, models as model_routes
 from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
 from api.routes import fleet as fleet_routes
@@ -83,6 +84,7 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="ledgerlm", lifespan=lifespan)
     app.state.services = services
     errors.install(app)
+    install_docs_access(app, services.settings.docs_access)
     app.add_middleware(BodyLimit)
     app.include_router(generations.router)
     app.include_router(streams.router)
@@ -90,6 +92,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(metrics_routes.router)
     app.include_router(model_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(admin_keys.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(summarizations.router)

@@ -65,10 +65,13 @@ def current_principal(request: Request, svc: ServicesDep) -> Principal:
     if scheme.lower() != "bearer" or not secret.strip():
         raise ApiError(401, "Missing bearer API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
-    principal = svc.registry_view.refresh().authenticate(secret.strip())
+    registry = svc.registry_view.refresh()
+    principal = registry.authenticate(secret.strip())
     if principal is None:
-        raise ApiError(401, "Incorrect or revoked API key", code="invalid_api_key",
+        raise ApiError(401, "Incorrect, revoked or expired API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
+    if principal.tenant_id in registry.suspended:
+        raise ApiError(403, "This tenant is suspended", code="tenant_suspended")
     return principal
 
 

@@ -52,6 +52,7 @@ from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.routing import Outputs, to_outputs
+from pipelines.suspension import SuspensionSweep
 
 logger = logging.getLogger(__name__)
 UNBOUNDED_DEADLINE = timedelta(minutes=10)  # a request without a deadline expires after this plus grace
@@ -114,6 +115,8 @@ def handle_requested(
         return []  # the same request delivered twice is decided once
     if env.tenant_id not in registry.tenants:
         return reject(env, Reject("tenant_disabled", "this tenant does not exist"), book=book, now=now)
+    if env.tenant_id in registry.suspended:
+        return reject(env, Reject("tenant_disabled", "this tenant is suspended"), book=book, now=now)
     revision = registry.revisions.get(req.model_revision)
     if revision is None:
         return reject(env, Reject("unknown_model", f"model revision {req.model_revision} is not approved"),
@@ -293,6 +296,7 @@ class AdmissionProcessor:
         if fleet is None and lost_after_s is not None:
             fleet = FleetWatch(log, lost_after_s=lost_after_s)
         self.fleet = fleet
+        self.suspension = SuspensionSweep(registry_view)
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -385,6 +389,7 @@ class AdmissionProcessor:
             if self.fleet is not None:
                 lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
                 settling += end_lost(lost, book=self.book, now=now)
+            settling += self.suspension.cancels(self.book, monotonic=time.monotonic())
             if settling and not self._settling:
                 self._settling_since = time.monotonic()
             self._settling += settling
