@@ -3,6 +3,7 @@ passed down; adapters are chosen by the scheme of their URL."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -82,11 +83,20 @@ class Settings(BaseSettings):
     # worker's child. 0: not served (the default). One port per process: set it per process.
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # Who may read the API's `/metrics` and its docs (`/docs`, `/redoc`, `/openapi.json`):
+    # "open" (anyone), "key" (a bearer of `ops_token`, the bootstrap token or an operator's
+    # key), or "off" (404). Both name tenant ids: keep them off the internet or set "key".
+    metrics_access: Literal["open", "key", "off"] = "open"
+    docs_access: Literal["open", "key", "off"] = "open"
+    ops_token: str | None = Field(default=None, repr=False)  # e.g. a Prometheus scraper's bearer token
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     bootstrap_token: str | None = None  # platform admin credential for the first tenant and keys
+    # The development default is refused by the projector on a Kafka log or a PostgreSQL database.
     audit_signing_key: str = Field(default="dev-only-change-me", repr=False)
+    # How often the projector signs the newest record of each audit chain (and at shutdown).
+    audit_seal_every_s: float = Field(default=30.0, gt=0)
     grace_s: float = 30.0
     # A worker silent this long (no heartbeat, no leave) is lost: admission ends its running
     # generations (`worker_lost`) and settles them. Five missed beats of a 1 s interval: a

@@ -222,5 +222,22 @@ audit_checkpoints = Table(
     PrimaryKeyConstraint("topic", "partition", "seq"),
 )
 
+# Chain heads signed on time (`pipelines.audit.seal`): at least every minute while records
+# arrive, and when the projector stops, so a trail never ends in a long unsigned tail.
+# Not a projection (when they are made depends on the wall clock, not the log), so a replay
+# neither makes nor compares them; `audit verify` checks them as it checks checkpoints.
+audit_seals = Table(
+    "audit_seals", metadata,
+    Column("topic", String(200), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("link", LargeBinary(32), nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("signature", String(200), nullable=False),
+    Column("sealed_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("topic", "partition", "seq"),
+)
+
 PROJECTED_TABLES = (generations, batches, batch_chunks, usage_ledger, tenant_limits, quota_usage, open_reservations,
                     admin_changes, audit_trail, audit_checkpoints)
