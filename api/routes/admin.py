@@ -101,14 +101,19 @@ def tenant_json(registry, tenant_id: str) -> dict:
 
 
 def owned_key(actor: Actor, svc, key_id: str) -> str:
-    """The key's tenant, if the actor manages it; any other key is missing (404)."""
+    """The key's tenant, if the actor manages it; any other key is missing (404). A tenant
+    admin manages only keys it could have issued: never an operator's key of its tenant
+    (rotating one would hand it an operator key)."""
     try:
-        owner = admin_tenants.key_owner(svc.registry_view, key_id).tenant_id
+        owner = admin_tenants.key_owner(svc.registry_view, key_id)
     except admin.AdminNotFound as exc:
         raise ApiError(404, str(exc), code="not_found") from None
-    if not actor.may_manage(owner):
+    if not actor.may_manage(owner.tenant_id):
         raise ApiError(404, f"key {key_id!r} does not exist", code="not_found")
-    return owner
+    if not actor.operator and ungrantable_scopes(owner.scopes):
+        raise ApiError(403, "Only an operator manages a key with the scopes "
+                       f"{sorted(ungrantable_scopes(owner.scopes))}", code="insufficient_scope")
+    return owner.tenant_id
 
 
 @router.post("/tenants", status_code=201)

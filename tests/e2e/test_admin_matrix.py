@@ -10,6 +10,8 @@ import uuid
 
 from fastapi.routing import APIRoute
 
+from pipelines import admin
+
 OPERATOR, TENANT, LIST = "operator only", "its own tenant", "lists its own tenant"
 POLICY = {
     ("POST", "/v1/admin/tenants"): OPERATOR,
@@ -130,6 +132,14 @@ def test_a_tenant_admin_manages_its_own_keys_and_limits_within_the_grant(platfor
             assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "output_too_large"
             revoked = ta.post(f"/v1/admin/keys/{issued.json()['key_id']}/revoke")
             assert revoked.status_code == 200 and app_key.get("/v1/models").status_code == 401
+
+        # An operator key of its own tenant is the operator's to manage: rotating it would
+        # hand the tenant admin an operator key.
+        ops_key = admin.issue_key(platform.view, tenant_id=own_id, actor="tests", scopes=("operator",))[1]
+        for action in ("rotate", "revoke", "expiry"):
+            body = {"expires_at": "2000-01-01T00:00:00Z"} if action == "expiry" else {}
+            refused = ta.post(f"/v1/admin/keys/{ops_key.payload.key_id}/{action}", json=body)
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "insufficient_scope", action
 
     with platform.client(operator) as ops:  # the operator lowers the grant below the tenant's own limit
         lowered = ops.patch(f"/v1/admin/tenants/{own_id}/limits", json={"max_concurrent": 1})
