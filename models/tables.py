@@ -51,6 +51,8 @@ generations = Table(
     Column("reserved_cost_micros", BigInteger),
     Column("input_tokens", Integer, nullable=False, default=0),
     Column("output_tokens", Integer, nullable=False, default=0),
+    # Of the output tokens, those its client received where it went away early (NULL: all).
+    Column("delivered_output_tokens", Integer),
     Column("cost_micros", BigInteger, nullable=False, default=0),
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
@@ -119,8 +121,9 @@ usage_ledger = Table(
     Column("model_alias", String(128)),
     Column("model_revision", String(200)),
     Column("input_tokens", BigInteger, nullable=False),
-    Column("output_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),  # generated, and charged
     Column("cost_micros", BigInteger, nullable=False),
+    Column("delivered_output_tokens", BigInteger),  # NULL: all of the output reached the client
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
     Column("duration_ms", Integer),

@@ -154,6 +154,7 @@ def handle_requested(
 def settle(
     env: Envelope, reservation: Reservation, *, registry: Registry, book: ReservationBook,
     status: str, input_tokens: int, output_tokens: int, ran_revision: str | None = None,
+    delivered_output_tokens: int | None = None,
 ) -> Outputs:
     """Charges what was used (never more than reserved) and releases the rest, priced at
     the revision that ran (`ran_revision`, as its worker said; the reserved one otherwise)."""
@@ -163,7 +164,7 @@ def settle(
     settled = caused_by(env, UsageSettled(
         request_id=reservation.request_id, reservation_id=reservation.reservation_id,
         terminal_status=status, input_tokens=input_tokens, output_tokens=output_tokens,
-        cost_micros=used_cost))
+        cost_micros=used_cost, delivered_output_tokens=delivered_output_tokens))
     released = caused_by(env, ReservationReleased(
         request_id=reservation.request_id, reservation_id=reservation.reservation_id,
         released_tokens=reservation.tokens - used_tokens,
@@ -187,7 +188,8 @@ def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook)
         return []  # already settled (or expired): a terminal event settles at most once
     return settle(env, reservation, registry=registry, book=book, status=terminal_status(p),
                   input_tokens=p.input_tokens, output_tokens=p.output_tokens,
-                  ran_revision=getattr(p, "model_revision", None))
+                  ran_revision=getattr(p, "model_revision", None),
+                  delivered_output_tokens=getattr(p, "delivered_output_tokens", None))
 
 
 def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
