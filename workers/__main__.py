@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from models.digests import TenantDigests
 from models.settings import Settings, format_cpu_list
 from pipelines.bootstrap import Bootstrap
 from pipelines.process_tuning import lower_session_priority, run_on_cpus, tune_process
@@ -143,7 +144,8 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000,
-                                   revision=serving.model_revision, engine_config_hash=config_hash)
+                                   revision=serving.model_revision, engine_config_hash=config_hash,
+                                   digests=TenantDigests(settings.digest_key))
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
         server = serve_metrics(settings, worker_metrics(worker),
                                *([admission_metrics.registry] if admission_metrics else []))
