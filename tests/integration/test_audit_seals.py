@@ -4,9 +4,11 @@ seal is caught. The projector refuses the public development key on shared servi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -17,7 +19,10 @@ from pipelines.audit.seal import seal_heads
 from pipelines.audit.signing import dev_key_refused
 from pipelines.audit.verify import verify
 from tests.integration.conftest_ledger import EVERY, SIGNER
+from pipelines.projections.sql import open_projection_db
+from tests.helpers import Launched
 from tests.integration.test_audit_tamper import ROOT, TOPIC, audited, edit_log, value_at  # noqa: F401 - a fixture
+from tests.integration.test_projections_cli import chained, ledgerlm, setup  # noqa: F401 - `setup` is a fixture
 
 WHERE = 'topic = :t AND "partition" = :p'
 
@@ -102,3 +107,37 @@ def test_topics_sealed_are_the_durable_ones(trail):
     with engine.connect() as conn:
         sealed = {t for (t,) in conn.execute(sa.text("SELECT DISTINCT topic FROM audit_seals"))}
     assert sealed and sealed <= {t.name for t in topics.DURABLE}
+
+
+def sealed_rows(db_url: str) -> int:
+    engine = open_projection_db(db_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT count(*) FROM audit_seals")).scalar()
+    except sa.exc.SQLAlchemyError:  # not migrated yet
+        return 0
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def cli_setup(ledger_dbs, request):
+    """`test_projections_cli`'s `setup`: (env, workload, db_url, dbs) of a log to project."""
+    return request.getfixturevalue("setup")
+
+
+@pytest.mark.parametrize("every_s", [0.5, 3600.0])
+def test_the_serve_projector_seals_on_time_and_at_shutdown(cli_setup, every_s):
+    env, workload, db_url, _ = cli_setup
+    env = {**env, "LEDGERLM_AUDIT_SEAL_EVERY_S": str(every_s)}
+    with Launched([sys.executable, "-m", "api.cli", "serve", "projector"], env=env,
+                  log=Path(env["LEDGERLM_HOME"]) / "projector.log") as projector:
+        projector.wait_until(lambda: chained(db_url) >= workload.expected.events, 120, what="the projector to catch up")
+        if every_s < 1:  # on time: sealed while it runs
+            projector.wait_until(lambda: sealed_rows(db_url), 30, what="a seal while the projector runs")
+        else:
+            assert sealed_rows(db_url) == 0
+        assert projector.stop(timeout_s=60) == 0, projector.shown()
+    report = json.loads(ledgerlm(env, "audit", "verify", "--json").stdout)
+    assert report["ok"] and report["unsigned_tail"] == 0 and report["not_in_trail"] == 0, report
+    assert sealed_rows(db_url) > 0
