@@ -153,6 +153,11 @@ tenant_limits = Table(
     Column("may_send_high", Boolean),  # as in force: false when the event gave none
     Column("changed_at", DateTime(timezone=True), nullable=False),
     Column("changed_by", String(200)),
+    # The columns above are in force: the operator's grant (canonical JSON of its limits)
+    # tightened by the tenant admin's own limits (JSON; NULL: none). NULL grant: the row
+    # predates own limits, and its columns are the grant.
+    Column("granted", Text),
+    Column("own_limits", Text),
 )
 
 quota_usage = Table(
