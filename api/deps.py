@@ -41,7 +41,7 @@ class Services:
     digests: TenantDigests | None = None  # keys prompt digests per tenant (settings' digest_key)
 
     def __post_init__(self) -> None:
-        self.digests = self.digests or TenantDigests(self.settings.digest_key)
+        self.digests = self.digests or TenantDigests.from_settings(self.settings)
         self.fleet = self.fleet or FleetView(self.log)
         self.metrics.fleet = self.fleet  # its series are read from the fleet view at scrape time
         self.index = self.index or RequestIndex(self.log)

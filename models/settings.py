@@ -8,8 +8,6 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.digests import DEV_DIGEST_KEY
-
 DEFAULT_HOME = Path(".local/ledgerlm")
 
 
@@ -110,8 +108,9 @@ class Settings(BaseSettings):
     # How often the projector signs the newest record of each audit chain (and at shutdown).
     audit_seal_every_s: float = Field(default=30.0, gt=0)
     # The platform secret each tenant's text-digest key is derived from (models.digests):
-    # prompt and output digests on durable topics are HMACs under it. Set your own.
-    digest_key: str = Field(default=DEV_DIGEST_KEY, repr=False)
+    # prompt and output digests on durable topics are HMACs under it. Unset: derived from
+    # `audit_signing_key`.
+    digest_key: str | None = Field(default=None, repr=False)
     grace_s: float = 30.0
     # How long a generation outlives its client's disconnect, so the client can reconnect
     # (`Last-Event-ID`) and lose nothing. The engine keeps generating meanwhile and the

@@ -145,7 +145,7 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                                    take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                    stream_linger_s=settings.stream_linger_ms / 1000,
                                    revision=serving.model_revision, engine_config_hash=config_hash,
-                                   digests=TenantDigests(settings.digest_key))
+                                   digests=TenantDigests.from_settings(settings))
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
         server = serve_metrics(settings, worker_metrics(worker),
                                *([admission_metrics.registry] if admission_metrics else []))

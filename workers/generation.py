@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from contextlib import aclosing
 from datetime import datetime, timezone
 
-from models.digests import DEV_DIGEST_KEY, TenantDigests
+from models.digests import TenantDigests
 from models.events import Envelope, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, PromptSubmitted, Timings,
@@ -44,7 +44,7 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
     """Returns 1 once a terminal event is written. `prompt` is the prompt's fetch, already
     under way (`fetch_prompt`); `writer` writes the token and terminal events. `priority`
     overrides the one the request's class gives vLLM (lower runs sooner). `digests` keys the
-    output's digest (the settings' `digest_key`; its default otherwise).
+    output's digest (`TenantDigests.from_settings`; the defaults' otherwise).
 
     `taken` is the commit of the take (`GenerationStarted`), possibly still under way:
     the engine starts at once, but nothing is written until it resolves True. When it
@@ -53,7 +53,7 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
     is written first (the take's own outputs leave the stream topic out)."""
     take = _Take(taken, writer, started_env)
     return await _Generation(engine, cancels, queued_env, started_env, take, writer, prompt, priority,
-                             digests or TenantDigests(DEV_DIGEST_KEY)).serve()
+                             digests or TenantDigests.development()).serve()
 
 
 class _Take:

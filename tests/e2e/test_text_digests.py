@@ -12,7 +12,7 @@ from tests.helpers import wait_until
 
 
 def test_durable_digests_are_keyed_per_tenant(platform):
-    digests = TenantDigests(platform.settings.digest_key)
+    digests = TenantDigests.from_settings(platform.settings)
     seen = {}
     for _ in range(2):
         tenant_id, secret = platform.tenant()

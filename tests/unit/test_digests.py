@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 from models.digests import TenantDigests
+from models.settings import Settings
 from pipelines import idempotency
 
 
@@ -35,3 +36,13 @@ def test_the_idempotency_body_hash_is_keyed_too():
                                                digests.key_for("acme"))
     assert keyed != idempotency.request_sha256("generations", body)
     assert keyed != idempotency.request_sha256("generations", body, digests.key_for("globex"))
+
+
+def test_without_a_digest_key_the_secret_is_derived_from_the_audit_signing_key(tmp_path):
+    own = TenantDigests.from_settings(Settings(home=tmp_path, audit_signing_key="a-real-secret"))
+    other = TenantDigests.from_settings(Settings(home=tmp_path, audit_signing_key="another-secret"))
+    assert own.hexdigest("acme", "yes") != other.hexdigest("acme", "yes")
+    assert TenantDigests.from_settings(Settings(home=tmp_path)).hexdigest("acme", "yes") == \
+        TenantDigests.development().hexdigest("acme", "yes")
+    chosen = TenantDigests.from_settings(Settings(home=tmp_path, digest_key="mine", audit_signing_key="x"))
+    assert chosen.hexdigest("acme", "yes") == TenantDigests("mine").hexdigest("acme", "yes")
