@@ -13,8 +13,9 @@ from api.deps import Services
 from api.body_limit import BodyLimit
 from api.server_errors import InternalErrors
 from api.text_guard import TextGuard
+from api.ops_access import install_docs_access
 from api.routes import generations, metrics as metrics_routes, openai_compat, streams
-from api.routes import admin as admin_routes, models as model_routes
+from api.routes import admin as admin_routes, admin_keys, models as model_routes
 from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
 from api.routes import fleet as fleet_routes, health as health_routes
@@ -86,6 +87,7 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     errors.install(app)
     openapi.install_openapi(app)
+    install_docs_access(app, services.settings.docs_access)
     # Outermost last: OPTIONS and the body checks come after the size limit, and an error
     # anywhere (these included) is answered in the OpenAI shape.
     app.add_middleware(TextGuard)
@@ -95,7 +97,8 @@ def create_app(services: Services) -> FastAPI:
     for router, responses in [
         (generations.router, openapi.GENERATING), (streams.router, openapi.STREAM),
         (openai_compat.router, openapi.GENERATING), (metrics_routes.router, {}), (model_routes.router, openapi.READS),
-        (admin_routes.router, openapi.OBJECTS), (files.router, openapi.UPLOADS), (batches.router, openapi.OBJECTS),
+        (admin_routes.router, openapi.OBJECTS), (admin_keys.router, openapi.OBJECTS),
+        (files.router, openapi.UPLOADS), (batches.router, openapi.OBJECTS),
         (summarizations.router, openapi.UPLOADS), (usage_routes.router, openapi.READS),
         (audit_routes.router, openapi.READS), (fleet_routes.router, openapi.READS), (health_routes.router, {}),
     ]:

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import datetime, timedelta, timezone
 
 from models.quota import LIMIT_FIELDS, MAX_FAIR_SHARE_WEIGHT, Limits
 from models.settings import Settings
@@ -66,13 +67,24 @@ def add_admin_parser(sub) -> None:
     create.add_argument("tenant_id")
     create.add_argument("--name")
     tenant.add_parser("list")
+    suspend = tenant.add_parser("suspend", help="refuse its keys (403) and cancel its running work")
+    suspend.add_argument("tenant_id")
+    suspend.add_argument("--reason")
+    tenant.add_parser("reinstate").add_argument("tenant_id")
     key = what.add_parser("key").add_subparsers(dest="action", required=True)
     issue = key.add_parser("issue")
     issue.add_argument("--tenant", required=True)
     issue.add_argument("--application", default="default")
     issue.add_argument("--scopes", default="generate,batch,usage")
+    issue.add_argument("--expires-at", type=_when, help="an ISO time with its timezone")
     revoke = key.add_parser("revoke")
     revoke.add_argument("key_id")
+    rotate = key.add_parser("rotate", help="a new key like this one; this one stays valid a while")
+    rotate.add_argument("key_id")
+    rotate.add_argument("--old-valid-for-s", type=float, default=3600.0)
+    expire = key.add_parser("expire", help="set when a key stops authenticating")
+    expire.add_argument("key_id")
+    expire.add_argument("--at", type=_when, required=True, help="an ISO time with its timezone")
     limits = what.add_parser("limits").add_subparsers(dest="action", required=True)
     set_ = limits.add_parser("set", help="change some limits; 'none' lifts one")
     set_.add_argument("tenant_id")
@@ -118,7 +130,16 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(text: str) -> datetime:
+    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError("give the time with its timezone, e.g. 2027-01-01T00:00:00Z")
+    return when
+
+
 def _run(admin, view, args, actor: str):
+    from pipelines import admin_tenants
+
     what, action = args.what, args.action
     if what == "tenant" and action == "create":
         admin.create_tenant(view, tenant_id=args.tenant_id, name=args.name or args.tenant_id, actor=actor)
@@ -128,10 +149,24 @@ def _run(admin, view, args, actor: str):
         for tenant in registry.tenants.values():
             yield {"tenant_id": tenant.tenant_id, "name": tenant.name,
                    "limits": registry.limits_for(tenant.tenant_id).as_dict()}
+    elif what == "tenant" and action in ("suspend", "reinstate"):
+        if action == "suspend":
+            admin_tenants.suspend_tenant(view, tenant_id=args.tenant_id, actor=actor, reason=args.reason)
+        else:
+            admin_tenants.reinstate_tenant(view, tenant_id=args.tenant_id, actor=actor)
+        yield {"tenant_id": args.tenant_id, "suspended": action == "suspend"}
     elif what == "key" and action == "issue":
         secret, env = admin.issue_key(view, tenant_id=args.tenant, actor=actor, application_id=args.application,
-                                      scopes=tuple(args.scopes.split(",")))
+                                      scopes=tuple(args.scopes.split(",")), expires_at=args.expires_at)
         yield {"key_id": env.payload.key_id, "api_key": secret, "tenant_id": args.tenant}
+    elif what == "key" and action == "rotate":
+        until = datetime.now(timezone.utc) + timedelta(seconds=args.old_valid_for_s)
+        secret, events = admin_tenants.rotate_key(view, key_id=args.key_id, actor=actor, old_valid_until=until)
+        yield {"key_id": events[0].payload.key_id, "api_key": secret, "tenant_id": events[0].payload.tenant_id,
+               "rotated_from": args.key_id, "old_key_expires_at": view.refresh().expires[args.key_id].isoformat()}
+    elif what == "key" and action == "expire":
+        admin_tenants.set_key_expiry(view, key_id=args.key_id, expires_at=args.at, actor=actor)
+        yield {"key_id": args.key_id, "expires_at": args.at.isoformat()}
     elif what == "key" and action == "revoke":
         admin.revoke_key(view, key_id=args.key_id, actor=actor)
         yield {"revoked": args.key_id}

@@ -39,20 +39,34 @@ def _runner(settings: Settings, log, *, batch_events: int = 5000, migrate: bool 
     return ProjectionRunner(log, engine, all_projections(_signer(settings)), batch_events=batch_events), engine
 
 
+def _refused(settings: Settings) -> bool:
+    from pipelines.audit.signing import dev_key_refused
+
+    why = dev_key_refused(settings)
+    if why:
+        print(f"ledgerlm: {why}", file=sys.stderr)
+    return bool(why)
+
+
 def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
+    if _refused(settings):
+        return 2
     logging.getLogger("pipelines.projections").setLevel(logging.INFO)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    from pipelines.audit.seal import Sealer
     from pipelines.metrics import projector_metrics, serve_metrics
 
     with Bootstrap(settings).event_log() as log:
         runner, engine = _runner(settings, log)
         server = serve_metrics(settings, projector_metrics(runner))
+        sealer = Sealer(engine, _signer(settings), settings.audit_seal_every_s).start()
         print(json.dumps({"projector": "ready", "metrics_port": server and server.port}), flush=True)
         try:
             runner.run(stop)
         finally:
+            sealer.stop()  # seals the heads once more: the trail ends signed
             if server is not None:
                 server.close()
             engine.dispose()
@@ -76,11 +90,16 @@ def _projections(settings: Settings, args: argparse.Namespace) -> int:
         _print_digests(table_digests(engine), args.json)
         engine.dispose()
         return 0
+    if args.action == "run" and _refused(settings):
+        return 2
     with platform.event_log() as log:
         runner, engine = _runner(settings, log, batch_events=args.batch_events, migrate=args.action == "run")
         try:
             if args.action == "run":
+                from pipelines.audit.seal import seal_heads
+
                 applied = runner.run_until_caught_up()
+                seal_heads(engine, _signer(settings))  # what it chained ends signed
                 print(json.dumps({"applied": applied}))
             lags = runner.lag()
         finally:

@@ -11,6 +11,7 @@ from api.disconnect import DisconnectReaper
 from api.errors import ApiError
 from api.metrics import ApiMetrics
 from api.request_stream import StreamHistory
+from models.digests import TenantDigests
 from models.registry import Principal
 from models.settings import Settings
 from pipelines.admin import RegistryView
@@ -29,19 +30,24 @@ class Services:
     registry_view: RegistryView
     counter: TokenCounter
     hub: object  # api.stream_hub.StreamHub
-    # How long a generation outlives its client's disconnect (a reconnect keeps it).
-    disconnect_grace_s: float = 2.0
+    # How long a generation outlives its client's disconnect (a reconnect keeps it); None:
+    # the settings' `disconnect_grace_s`.
+    disconnect_grace_s: float | None = None
     index: RequestIndex | None = None
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     reaper: DisconnectReaper | None = None
     history: StreamHistory | None = None
     fleet: FleetView | None = None  # the workers serving now, from the fleet topic
+    digests: TenantDigests | None = None  # keys prompt digests per tenant (settings' digest_key)
 
     def __post_init__(self) -> None:
+        self.digests = self.digests or TenantDigests.from_settings(self.settings)
         self.fleet = self.fleet or FleetView(self.log)
         self.metrics.fleet = self.fleet  # its series are read from the fleet view at scrape time
         self.index = self.index or RequestIndex(self.log)
         self.history = self.history or StreamHistory(self.log)
+        if self.disconnect_grace_s is None:
+            self.disconnect_grace_s = self.settings.disconnect_grace_s
         self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,
                                                       grace_s=self.disconnect_grace_s)
 
@@ -65,10 +71,13 @@ def current_principal(request: Request, svc: ServicesDep) -> Principal:
     if scheme.lower() != "bearer" or not secret.strip():
         raise ApiError(401, "Missing bearer API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
-    principal = svc.registry_view.refresh().authenticate(secret.strip())
+    registry = svc.registry_view.refresh()
+    principal = registry.authenticate(secret.strip())
     if principal is None:
-        raise ApiError(401, "Incorrect or revoked API key", code="invalid_api_key",
+        raise ApiError(401, "Incorrect, revoked or expired API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
+    if principal.tenant_id in registry.suspended:
+        raise ApiError(403, "This tenant is suspended", code="tenant_suspended")
     return principal
 
 

@@ -50,14 +50,16 @@ class DisconnectReaper:
         self._log, self._hub, self._metrics, self.grace_s = log, hub, metrics, grace_s
         self._tasks: set[asyncio.Task] = set()
 
-    def client_gone(self, stream: RequestStream) -> None:
+    def client_gone(self, stream: RequestStream, *, delivered: int | None = None) -> None:
         """Takes over `stream` (and closes it). Safe to call from a cancelled task: the
-        waiting happens in a task of its own."""
-        task = asyncio.get_running_loop().create_task(self._reap(stream))
+        waiting happens in a task of its own. `delivered`: the output tokens the client got
+        (by default, what the stream had handed out: the reaper reads on from there)."""
+        delivered = stream.tokens_out if delivered is None else delivered
+        task = asyncio.get_running_loop().create_task(self._reap(stream, delivered))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _reap(self, stream: RequestStream) -> None:
+    async def _reap(self, stream: RequestStream, delivered: int) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace_s
         try:
@@ -69,7 +71,8 @@ class DisconnectReaper:
             stream.close()
         if stream.ended or self._hub.subscribers(stream.tenant_id, stream.request_id):
             return
-        env = new_event(CancelRequested(request_id=stream.request_id, reason="client_gone"),
+        env = new_event(CancelRequested(request_id=stream.request_id, reason="client_gone",
+                                        delivered_output_tokens=delivered),
                         tenant_id=stream.tenant_id, correlation_id=stream.request_id)
         await asyncio.to_thread(publish, self._log, topics.REQUESTS, [env])
         self._metrics.client_gone.inc()

@@ -74,7 +74,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     try:
         identified = await asyncio.to_thread(
             idempotency.identify, cmd, tenant_id=tenant_id, body=body, idempotency_key=idempotency_key,
-            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc))
+            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc), digests=svc.digests)
     except idempotency.KeyReused:
         raise _key_reused() from None
     except idempotency.RequestIdInUse as exc:
@@ -93,7 +93,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
         submitted = await asyncio.to_thread(
             submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
             counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
-            fleet=svc.fleet)
+            fleet=svc.fleet, digests=svc.digests)
         if cmd.idempotency_key_sha256 is not None:
             other = await _after_key_race(svc, stream, submitted)
             if other is not None:

@@ -17,7 +17,7 @@ from api.stream_hub import StreamEvent, Subscription
 from models import topics
 from models.events import EventDecodeError, decode
 from models.events_generation import (
-    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected,
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected, TokensEmitted,
 )
 from pipelines.eventlog import EventLog
 from pipelines.eventlog.base import Tail
@@ -42,6 +42,7 @@ class RequestStream:
         self._buffer: deque[StreamEvent] = deque()
         self._on_event, self._on_close = on_event, on_close
         self._closed = False
+        self.tokens_out = 0  # output tokens handed out (to be sent to the client) by this stream
 
     @property
     def tenant_id(self) -> str:
@@ -92,6 +93,8 @@ class RequestStream:
     def _take(self, event: StreamEvent) -> StreamEvent:
         self.after = event.offset
         self.ended = is_end(event)
+        if isinstance(event.env.payload, TokensEmitted):
+            self.tokens_out += event.env.payload.token_count
         if self._on_event is not None:
             self._on_event(event)
         return event

@@ -109,7 +109,7 @@ async def collect(svc: Services, live: Live, request: Request) -> tuple[str, Str
     try:
         result = await unless_gone(gather(), request)
     except ClientGone:
-        svc.reaper.client_gone(live.stream)
+        svc.reaper.client_gone(live.stream, delivered=0)  # its answer was never sent
         raise
     except StreamTimeout:
         svc.reaper.client_gone(live.stream)

@@ -4,14 +4,17 @@ Key secrets never appear here: only their SHA-256 and a short public prefix.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
 
 from models.events import Payload, event
 
-Scope = Literal["generate", "batch", "usage", "audit", "admin"]
-ALL_SCOPES: tuple[Scope, ...] = ("generate", "batch", "usage", "audit", "admin")
+# `operator` manages the platform (every tenant, models, fleet, rollouts); `admin` is its
+# older name and means the same. `tenant_admin` manages its own tenant (models.authz).
+Scope = Literal["generate", "batch", "usage", "audit", "admin", "operator", "tenant_admin"]
+ALL_SCOPES: tuple[Scope, ...] = ("generate", "batch", "usage", "audit", "admin", "operator", "tenant_admin")
 
 
 @event("TenantCreated")
@@ -29,6 +32,9 @@ class ApiKeyIssued(Payload):
     secret_sha256: str
     scopes: tuple[Scope, ...]
     actor: str
+    # Came later: absent, they are left out of the bytes, so older events encode as before.
+    expires_at: datetime | None = Field(default=None, exclude_if=lambda v: v is None)
+    rotated_from: str | None = Field(default=None, exclude_if=lambda v: v is None)  # the key it replaces
 
 
 @event("ApiKeyRevoked")
@@ -102,3 +108,47 @@ class TenantLimitsChanged(Payload):
     actor: str
     fair_share_weight: float | None = Field(default=None, gt=0, le=1000, exclude_if=lambda v: v is None)
     may_send_high: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+@event("TenantOwnLimitsChanged")
+class TenantOwnLimitsChanged(Payload):
+    """Limits a tenant admin set for its own tenant, complete after the change (None: no
+    limit of its own). They only tighten the operator's grant (`TenantLimitsChanged`):
+    what applies is the lower of the two (`models.authz.tighten`)."""
+
+    tenant_id: str
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    max_concurrent: int | None = Field(default=None, ge=0)
+    tokens_per_window: int | None = Field(default=None, ge=0)
+    spend_per_window_micros: int | None = Field(default=None, ge=0)
+    max_input_tokens: int | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, ge=0)
+    batch_tokens_per_window: int | None = Field(default=None, ge=0)
+    actor: str
+
+
+@event("ApiKeyExpirySet")
+class ApiKeyExpirySet(Payload):
+    """A key stops authenticating at `expires_at` (a rotation sets it on the old key, so
+    both keys are live until then)."""
+
+    key_id: str
+    tenant_id: str
+    expires_at: datetime
+    actor: str
+
+
+@event("TenantSuspended")
+class TenantSuspended(Payload):
+    """Every key of the tenant is refused (403) from now on, and its running and queued
+    generations are cancelled and settled by admission."""
+
+    tenant_id: str
+    actor: str
+    reason: str | None = None
+
+
+@event("TenantReinstated")
+class TenantReinstated(Payload):
+    tenant_id: str
+    actor: str

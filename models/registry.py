@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
+from models.authz import OWN_LIMIT_FIELDS, tighten
 from models.events import Envelope
 from models.events_admin import (
-    ApiKeyIssued, ApiKeyRevoked, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved, ModelRevisionRetired,
-    TenantCreated, TenantLimitsChanged,
+    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
+    ModelRevisionRetired, TenantCreated, TenantLimitsChanged, TenantOwnLimitsChanged, TenantReinstated,
+    TenantSuspended,
 )
 from models.quota import Limits
 
@@ -68,8 +71,12 @@ class Registry:
     revoked: set[str] = field(default_factory=set)
     revisions: dict[str, Revision] = field(default_factory=dict)
     aliases: dict[str, Alias] = field(default_factory=dict)
-    limits: dict[str, Limits] = field(default_factory=dict)  # tenants without an entry are unlimited
+    limits: dict[str, Limits] = field(default_factory=dict)  # in force; tenants without an entry are unlimited
     retired: dict[str, str | None] = field(default_factory=dict)  # revision -> the reason given, if any
+    grants: dict[str, Limits] = field(default_factory=dict)  # the operator's, before the tenant's own
+    own_limits: dict[str, dict] = field(default_factory=dict)  # a tenant admin's, within the grant
+    expires: dict[str, datetime] = field(default_factory=dict)  # key_id -> when it stops authenticating
+    suspended: dict[str, str | None] = field(default_factory=dict)  # tenant -> the reason given, if any
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
@@ -79,6 +86,10 @@ class Registry:
             self.keys_by_hash[p.secret_sha256] = Principal(
                 p.tenant_id, p.application_id, p.key_id, frozenset(p.scopes)
             )
+            if p.expires_at is not None:
+                self.expires[p.key_id] = p.expires_at
+        elif isinstance(p, ApiKeyExpirySet):
+            self.expires[p.key_id] = p.expires_at
         elif isinstance(p, ApiKeyRevoked):
             self.revoked.add(p.key_id)
         elif isinstance(p, ModelRevisionApproved):
@@ -96,11 +107,24 @@ class Registry:
         elif isinstance(p, ModelAliasDeleted):
             self.aliases.pop(p.alias, None)
         elif isinstance(p, TenantLimitsChanged):
-            self.limits[p.tenant_id] = Limits.from_payload(p)
+            self.grants[p.tenant_id] = Limits.from_payload(p)
+            self.limits[p.tenant_id] = tighten(self.grants[p.tenant_id], self.own_limits.get(p.tenant_id))
+        elif isinstance(p, TenantOwnLimitsChanged):
+            self.own_limits[p.tenant_id] = {name: getattr(p, name) for name in OWN_LIMIT_FIELDS}
+            self.limits[p.tenant_id] = tighten(self.grant_for(p.tenant_id), self.own_limits[p.tenant_id])
+        elif isinstance(p, TenantSuspended):
+            self.suspended[p.tenant_id] = p.reason
+        elif isinstance(p, TenantReinstated):
+            self.suspended.pop(p.tenant_id, None)
 
-    def authenticate(self, secret: str) -> Principal | None:
+    def authenticate(self, secret: str, now: datetime | None = None) -> Principal | None:
+        """The key's principal; None for an unknown, revoked or expired key. A suspended
+        tenant's keys still resolve (the API refuses them with 403, not 401)."""
         principal = self.keys_by_hash.get(hash_secret(secret))
         if principal is None or principal.key_id in self.revoked or principal.tenant_id not in self.tenants:
+            return None
+        expires = self.expires.get(principal.key_id)
+        if expires is not None and expires <= (now or datetime.now(timezone.utc)):
             return None
         return principal
 
@@ -132,7 +156,12 @@ class Registry:
                       key=lambda a: a.alias)
 
     def limits_for(self, tenant_id: str) -> Limits:
+        """The limits in force: the operator's grant tightened by the tenant's own."""
         return self.limits.get(tenant_id, Limits())
+
+    def grant_for(self, tenant_id: str) -> Limits:
+        """What the operator granted, before the tenant's own limits."""
+        return self.grants.get(tenant_id, Limits())
 
     def keys_of(self, tenant_id: str) -> list[Principal]:
         return sorted((p for p in self.keys_by_hash.values() if p.tenant_id == tenant_id), key=lambda p: p.key_id)

@@ -3,6 +3,7 @@ passed down; adapters are chosen by the scheme of their URL."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +19,16 @@ class Settings(BaseSettings):
     event_log_url: str = ""
     # Prefix for every topic and consumer group, so environments can share one cluster.
     event_log_namespace: str = ""
+    # How Kafka clients authenticate and encrypt (pipelines.kafka_security): SASL (PLAIN or
+    # SCRAM) with a username and password, TLS with a CA file (and a client certificate), or both.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = Field(default=None, repr=False)
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    kafka_ssl_check_hostname: bool = True
     # any SQLAlchemy URL: postgresql+psycopg://... or sqlite:///...
     database_url: str = ""
     # s3://bucket/prefix or file:///path
@@ -82,12 +93,29 @@ class Settings(BaseSettings):
     # worker's child. 0: not served (the default). One port per process: set it per process.
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # Who may read the API's `/metrics` and its docs (`/docs`, `/redoc`, `/openapi.json`):
+    # "open" (anyone), "key" (a bearer of `ops_token`, the bootstrap token or an operator's
+    # key), or "off" (404). Both name tenant ids: keep them off the internet or set "key".
+    metrics_access: Literal["open", "key", "off"] = "open"
+    docs_access: Literal["open", "key", "off"] = "open"
+    ops_token: str | None = Field(default=None, repr=False)  # e.g. a Prometheus scraper's bearer token
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     bootstrap_token: str | None = None  # platform admin credential for the first tenant and keys
+    # The development default is refused by the projector on a Kafka log or a PostgreSQL database.
     audit_signing_key: str = Field(default="dev-only-change-me", repr=False)
+    # How often the projector signs the newest record of each audit chain (and at shutdown).
+    audit_seal_every_s: float = Field(default=30.0, gt=0)
+    # The platform secret each tenant's text-digest key is derived from (models.digests):
+    # prompt and output digests on durable topics are HMACs under it. Unset: derived from
+    # `audit_signing_key`.
+    digest_key: str | None = Field(default=None, repr=False)
     grace_s: float = 30.0
+    # How long a generation outlives its client's disconnect, so the client can reconnect
+    # (`Last-Event-ID`) and lose nothing. The engine keeps generating meanwhile and the
+    # tenant is charged for what it generated; usage shows what was delivered beside it.
+    disconnect_grace_s: float = Field(default=2.0, ge=0)
     # A worker silent this long (no heartbeat, no leave) is lost: admission ends its running
     # generations (`worker_lost`) and settles them. Five missed beats of a 1 s interval: a
     # loaded host can hold a beat back a second or two, and a false loss ends running work.

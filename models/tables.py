@@ -51,6 +51,8 @@ generations = Table(
     Column("reserved_cost_micros", BigInteger),
     Column("input_tokens", Integer, nullable=False, default=0),
     Column("output_tokens", Integer, nullable=False, default=0),
+    # Of the output tokens, those its client received where it went away early (NULL: all).
+    Column("delivered_output_tokens", Integer),
     Column("cost_micros", BigInteger, nullable=False, default=0),
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
@@ -119,8 +121,9 @@ usage_ledger = Table(
     Column("model_alias", String(128)),
     Column("model_revision", String(200)),
     Column("input_tokens", BigInteger, nullable=False),
-    Column("output_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),  # generated, and charged
     Column("cost_micros", BigInteger, nullable=False),
+    Column("delivered_output_tokens", BigInteger),  # NULL: all of the output reached the client
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
     Column("duration_ms", Integer),
@@ -150,6 +153,11 @@ tenant_limits = Table(
     Column("may_send_high", Boolean),  # as in force: false when the event gave none
     Column("changed_at", DateTime(timezone=True), nullable=False),
     Column("changed_by", String(200)),
+    # The columns above are in force: the operator's grant (canonical JSON of its limits)
+    # tightened by the tenant admin's own limits (JSON; NULL: none). NULL grant: the row
+    # predates own limits, and its columns are the grant.
+    Column("granted", Text),
+    Column("own_limits", Text),
 )
 
 quota_usage = Table(
@@ -219,6 +227,23 @@ audit_checkpoints = Table(
     Column("link", LargeBinary(32), nullable=False),
     Column("key_id", String(32), nullable=False),
     Column("signature", String(200), nullable=False),
+    PrimaryKeyConstraint("topic", "partition", "seq"),
+)
+
+# Chain heads signed on time (`pipelines.audit.seal`): at least every minute while records
+# arrive, and when the projector stops, so a trail never ends in a long unsigned tail.
+# Not a projection (when they are made depends on the wall clock, not the log), so a replay
+# neither makes nor compares them; `audit verify` checks them as it checks checkpoints.
+audit_seals = Table(
+    "audit_seals", metadata,
+    Column("topic", String(200), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("link", LargeBinary(32), nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("signature", String(200), nullable=False),
+    Column("sealed_at", DateTime(timezone=True), nullable=False),
     PrimaryKeyConstraint("topic", "partition", "seq"),
 )
 

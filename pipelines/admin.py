@@ -35,6 +35,10 @@ class AdminConflict(AdminError):
     pass
 
 
+class AdminForbidden(AdminError):
+    """Asked of a tenant admin beyond what its operator granted."""
+
+
 class RegistryView:
     """A `Registry` kept up to date by following the admin topic from where it left off.
 
@@ -122,9 +126,10 @@ def create_tenant(view: RegistryView, *, tenant_id: str, name: str, actor: str) 
 
 def issue_key(
     view: RegistryView, *, tenant_id: str, actor: str, application_id: str = "default",
-    scopes: tuple[str, ...] = ("generate", "batch", "usage"),
+    scopes: tuple[str, ...] = ("generate", "batch", "usage"), expires_at=None, rotated_from: str | None = None,
 ) -> tuple[str, Envelope]:
-    """Returns the secret (shown once) and the event, which stores only its hash."""
+    """Returns the secret (shown once) and the event, which stores only its hash. The key
+    stops authenticating at `expires_at` (a timezone-aware datetime), if given."""
     if tenant_id not in view.refresh().tenants:
         raise AdminNotFound(f"tenant {tenant_id!r} does not exist")
     unknown = set(scopes) - set(ALL_SCOPES)
@@ -134,7 +139,8 @@ def issue_key(
     secret = f"llm-{key_id[4:]}-{secrets.token_urlsafe(24)}"
     env = _admin_event(
         ApiKeyIssued(key_id=key_id, tenant_id=tenant_id, application_id=application_id,
-                     secret_sha256=hash_secret(secret), scopes=tuple(scopes), actor=actor),
+                     secret_sha256=hash_secret(secret), scopes=tuple(scopes), actor=actor, expires_at=expires_at,
+                     rotated_from=rotated_from),
         tenant_id,
     )
     _append(view._log, env)
@@ -190,7 +196,7 @@ def set_limits(view: RegistryView, *, tenant_id: str, actor: str, **changes) -> 
         raise AdminError(f"window_seconds must be between 1 and {MAX_WINDOW_S}")
     if changes.get("pool") == topics.SHARED_POOL:
         changes["pool"] = None  # naming the shared pool means no dedicated one
-    limits = {**registry.limits_for(tenant_id).as_dict(), **changes}
+    limits = {**registry.grant_for(tenant_id).as_dict(), **changes}
     try:
         payload = TenantLimitsChanged(tenant_id=tenant_id, actor=actor, **limits)
     except ValidationError as exc:

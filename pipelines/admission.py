@@ -53,6 +53,7 @@ from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.routing import Outputs, to_outputs
+from pipelines.suspension import SuspensionSweep
 
 logger = logging.getLogger(__name__)
 UNBOUNDED_DEADLINE = timedelta(minutes=10)  # a request without a deadline expires after this plus grace
@@ -117,6 +118,8 @@ def handle_requested(
         return []  # the same request delivered twice is decided once
     if env.tenant_id not in registry.tenants:
         return reject(env, Reject("tenant_disabled", "this tenant does not exist"), book=book, now=now)
+    if env.tenant_id in registry.suspended:
+        return reject(env, Reject("tenant_disabled", "this tenant is suspended"), book=book, now=now)
     revision = registry.revisions.get(req.model_revision)
     if revision is None:
         return reject(env, Reject("unknown_model", f"model revision {req.model_revision} is not approved"),
@@ -157,6 +160,7 @@ def handle_requested(
 def settle(
     env: Envelope, reservation: Reservation, *, registry: Registry, book: ReservationBook,
     status: str, input_tokens: int, output_tokens: int, ran_revision: str | None = None,
+    delivered_output_tokens: int | None = None,
 ) -> Outputs:
     """Charges what was used (never more than reserved) and releases the rest, priced at
     the revision that ran (`ran_revision`, as its worker said; the reserved one otherwise)."""
@@ -166,7 +170,7 @@ def settle(
     settled = caused_by(env, UsageSettled(
         request_id=reservation.request_id, reservation_id=reservation.reservation_id,
         terminal_status=status, input_tokens=input_tokens, output_tokens=output_tokens,
-        cost_micros=used_cost))
+        cost_micros=used_cost, delivered_output_tokens=delivered_output_tokens))
     released = caused_by(env, ReservationReleased(
         request_id=reservation.request_id, reservation_id=reservation.reservation_id,
         released_tokens=reservation.tokens - used_tokens,
@@ -190,7 +194,8 @@ def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook)
         return []  # already settled (or expired): a terminal event settles at most once
     return settle(env, reservation, registry=registry, book=book, status=terminal_status(p),
                   input_tokens=p.input_tokens, output_tokens=p.output_tokens,
-                  ran_revision=getattr(p, "model_revision", None))
+                  ran_revision=getattr(p, "model_revision", None),
+                  delivered_output_tokens=getattr(p, "delivered_output_tokens", None))
 
 
 def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
@@ -303,6 +308,7 @@ class AdmissionProcessor:
         self.fleet = fleet
         self.capacity = CapacityBook(fleet.view if fleet is not None else None, bound=queue_bound)
         self._pruned_at = 0.0
+        self.suspension = SuspensionSweep(registry_view)
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -411,6 +417,7 @@ class AdmissionProcessor:
             if self.fleet is not None:
                 lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
                 settling += end_lost(lost, book=self.book, now=now)
+            settling += self.suspension.cancels(self.book, monotonic=time.monotonic())
             if settling and not self._settling:
                 self._settling_since = time.monotonic()
             self._settling += settling

@@ -14,6 +14,7 @@ from models import topics
 from models.settings import Settings
 from pipelines.eventlog import EventLog, TopicSpec, open_event_log
 from pipelines.eventlog.namespaced import NamespacedEventLog
+from pipelines.kafka_security import kafka_security
 
 if TYPE_CHECKING:  # imported where used: a process that needs no database never loads SQLAlchemy
     from sqlalchemy import Engine
@@ -37,7 +38,8 @@ class Bootstrap:
         settings = self.settings
         if settings.event_log_url.startswith("sqlite:///"):
             settings.ensure_home()
-        log = open_event_log(settings.event_log_url)
+        kafka = settings.event_log_url.startswith("kafka://")
+        log = open_event_log(settings.event_log_url, **({"security": kafka_security(settings)} if kafka else {}))
         if settings.event_log_namespace:
             log = NamespacedEventLog(log, settings.event_log_namespace)
         if create_topics:

@@ -20,6 +20,7 @@ submission takes; the API only translates their answers into HTTP.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import uuid
 from dataclasses import dataclass, replace
@@ -69,9 +70,13 @@ def key_sha256(tenant_id: str, key: str) -> str:
     return _sha("idempotency-key", tenant_id, key)
 
 
-def request_sha256(route: str, body: dict) -> str:
-    """What 'the same body' means: the route and the parsed body in canonical JSON."""
-    return _sha("request", route, canonical(body).decode())
+def request_sha256(route: str, body: dict, key: bytes | None = None) -> str:
+    """What 'the same body' means: the route and the parsed body in canonical JSON. With
+    the tenant's digest `key` (models.digests), as the API stores it: the body holds the
+    prompt, and a plain hash of it would confirm a guessed one."""
+    if key is None:
+        return _sha("request", route, canonical(body).decode())
+    return hmac.new(key, "\0".join(("request", route, canonical(body).decode())).encode(), hashlib.sha256).hexdigest()
 
 
 def client_request_id(tenant_id: str, request_id: str) -> str:
@@ -132,7 +137,7 @@ class SharedRequest:
 
 
 def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_key: str | None, id_prefix: str,
-             index: RequestLookup, now: datetime) -> SubmitGeneration | Replay:
+             index: RequestLookup, now: datetime, digests=None) -> SubmitGeneration | Replay:
     """Before submitting: the command with its ids (request id, key and body hashes), or
     the earlier generation an idempotent retry means. Raises `IdempotencyKeyInvalid`,
     `KeyReused` or `RequestIdInUse`."""
@@ -141,7 +146,7 @@ def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_k
         cmd = replace(cmd, request_id=client_request_id(tenant_id, chosen))
     if idempotency_key is not None:
         key_sha = key_sha256(tenant_id, validate_key(idempotency_key))
-        body_sha = request_sha256(cmd.route, body)
+        body_sha = request_sha256(cmd.route, body, digests.key_for(tenant_id) if digests is not None else None)
         claim = index.claim(tenant_id, key_sha)
         decision = decide(claim, body_sha, now)
         if decision is Decision.CONFLICT:

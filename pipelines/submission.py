@@ -3,7 +3,6 @@ text-free request to the durable requests topic, which references it. A client's
 goes to the requests topic too."""
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -11,6 +10,7 @@ from typing import Protocol
 
 from models import topics
 from models.events import new_event
+from models.digests import TenantDigests
 from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling
 from models.registry import Principal, Registry
 from pipelines.eventlog import EventLog
@@ -64,11 +64,13 @@ class Submitted:
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
     default_deadline_ms: int, stream_offset: int | None = None, fleet: Fleet | None = None,
+    digests: TenantDigests | None = None,
 ) -> Submitted:
     """`stream_offset`: a known lower bound of where the request's stream will start in its
     partition (the API's stream follower has one); the partition's end is read otherwise.
     `fleet`: where the live workers are known; a revision no live worker serves is refused
-    (503) before anything is written, rather than left to wait until its deadline."""
+    (503) before anything is written, rather than left to wait until its deadline.
+    `digests`: the keys of the prompt's digest (`TenantDigests.from_settings`; the defaults' otherwise)."""
     if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
         raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
                               "grants it (limit may_send_high)", "priority")
@@ -118,7 +120,8 @@ def submit_generation(
     request = GenerationRequested(
         request_id=request_id, application_id=principal.application_id, key_id=principal.key_id,
         model_alias=cmd.model_alias, model_revision=revision.model_revision, input_tokens=input_tokens,
-        input_sha256=hashlib.sha256(prompt.encode()).hexdigest(), max_output_tokens=max_output_tokens,
+        input_sha256=(digests or TenantDigests.development()).hexdigest(principal.tenant_id, prompt),
+        max_output_tokens=max_output_tokens,
         deadline_at=deadline_at, priority=cmd.priority, sampling=cmd.sampling,
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,

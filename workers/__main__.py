@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from models.digests import TenantDigests
 from models.settings import Settings, format_cpu_list
 from pipelines.bootstrap import Bootstrap
 from pipelines.process_tuning import lower_session_priority, run_on_cpus, tune_process
@@ -144,7 +145,8 @@ def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, 
     worker = InteractiveWorker(log, runner, runner.engine, max_in_flight=settings.engine_max_seqs, pool=pool,
                                take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                stream_linger_s=settings.stream_linger_ms / 1000,
-                               revision=serving.model_revision, engine_config_hash=config_hash)
+                               revision=serving.model_revision, engine_config_hash=config_hash,
+                               digests=TenantDigests.from_settings(settings))
     return StartedWorker(worker, cancel_log, cpus, engine_cpus)
 
 

@@ -32,6 +32,7 @@ class CancelWatch:
         self._log, self._runner, self._engine = log, runner, engine
         self.in_flight: dict[str, str] = {}  # request_id -> reason once cancelled, "" before
         self.cancelled: OrderedDict[str, str] = OrderedDict()  # request_id -> reason
+        self.delivered: dict[str, int] = {}  # request_id -> tokens its client got, when it went away
         self._new: set[str] = set()
         self._tail = log.tail(topics.REQUESTS.name, {
             p: log.end_offset(topics.REQUESTS.name, p) for p in range(log.partitions(topics.REQUESTS.name))})
@@ -70,9 +71,11 @@ class CancelWatch:
                 continue
             request_id, reason = env.payload.request_id, env.payload.reason
             self.cancelled[request_id] = reason
+            if env.payload.delivered_output_tokens is not None:
+                self.delivered[request_id] = env.payload.delivered_output_tokens
             self._new.add(request_id)
             if len(self.cancelled) > self.REMEMBER:
-                self.cancelled.popitem(last=False)
+                self.delivered.pop(self.cancelled.popitem(last=False)[0], None)
             if request_id in self.in_flight and not self.in_flight[request_id]:
                 self.in_flight[request_id] = reason
                 self._runner.submit_nowait(self._engine.abort(request_id))

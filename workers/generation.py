@@ -7,13 +7,13 @@ is aborted at its deadline and ends as cancelled ('deadline').
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from concurrent.futures import Future
 from contextlib import aclosing
 from datetime import datetime, timezone
 
+from models.digests import TenantDigests
 from models.events import Envelope, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, PromptSubmitted, Timings,
@@ -40,10 +40,11 @@ def fetch_prompt(log: EventLog, ref, wait_s: float = 10.0) -> str:
 
 async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelope, started_env: Envelope,
                            writer: StreamWriter, prompt: Future, taken: Future, *,
-                           priority: int | None = None) -> int:
+                           priority: int | None = None, digests: TenantDigests | None = None) -> int:
     """Returns 1 once a terminal event is written. `prompt` is the prompt's fetch, already
     under way (`fetch_prompt`); `writer` writes the token and terminal events. `priority`
-    overrides the one the request's class gives vLLM (lower runs sooner).
+    overrides the one the request's class gives vLLM (lower runs sooner). `digests` keys the
+    output's digest (`TenantDigests.from_settings`; the defaults' otherwise).
 
     `taken` is the commit of the take (`GenerationStarted`), possibly still under way:
     the engine starts at once, but nothing is written until it resolves True. When it
@@ -51,7 +52,8 @@ async def serve_generation(engine: InferenceEngine, cancels, queued_env: Envelop
     it) and returns 0 having written nothing. Once taken, the stream copy of `started_env`
     is written first (the take's own outputs leave the stream topic out)."""
     take = _Take(taken, writer, started_env)
-    return await _Generation(engine, cancels, queued_env, started_env, take, writer, prompt, priority).serve()
+    return await _Generation(engine, cancels, queued_env, started_env, take, writer, prompt, priority,
+                             digests or TenantDigests.development()).serve()
 
 
 class _Take:
@@ -96,7 +98,7 @@ class _Generation:
     failure when anything raised."""
 
     def __init__(self, engine: InferenceEngine, cancels, queued_env: Envelope, started_env: Envelope,
-                 take: _Take, writer: StreamWriter, prompt: Future, priority: int | None):
+                 take: _Take, writer: StreamWriter, prompt: Future, priority: int | None, digests: TenantDigests):
         self._engine, self._cancels, self._writer, self._prompt = engine, cancels, writer, prompt
         self._queued, self._started, self._take = queued_env, started_env, take
         self._req = queued_env.payload.request
@@ -104,7 +106,7 @@ class _Generation:
         self._t0 = time.monotonic()
         self._first_token_ms: int | None = None
         self._output_tokens = 0
-        self._digest = hashlib.sha256()
+        self._digest = digests.hasher(queued_env.tenant_id)  # keyed per tenant: see models.digests
         self._ran = False  # the engine was given the request
         self._finish_reason: str | None = None
 
@@ -189,9 +191,13 @@ class _Generation:
         req = self._req
         cancel_reason = self._stopped() or ("deadline" if self._finish_reason == "abort" else None)
         if cancel_reason:
+            delivered = (getattr(self._cancels, "delivered", {}).get(req.request_id) if cancel_reason == "client_gone"
+                         else None)
             return GenerationCancelled(request_id=req.request_id, reason=cancel_reason,
                                        input_tokens=req.input_tokens if self._ran else 0,
-                                       output_tokens=self._output_tokens, timings=self._timings())
+                                       output_tokens=self._output_tokens, timings=self._timings(),
+                                       delivered_output_tokens=None if delivered is None
+                                       else min(delivered, self._output_tokens))
         return GenerationCompleted(
             request_id=req.request_id, finish_reason=self._finish_reason or "stop",
             input_tokens=req.input_tokens, output_tokens=self._output_tokens,

@@ -53,6 +53,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from models import topics
+from models.digests import TenantDigests
 from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import (
     GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings,
@@ -124,8 +125,9 @@ class InteractiveWorker:
                  worker_id: str | None = None, quantum: int = 256, lookahead: int = 2000,
                  cancel_log: EventLog | None = None, stream_linger_s: float = 0.0,
                  revision: str | None = None, engine_config_hash: str | None = None, heartbeat_s: float = 1.0,
-                 health_interval_s: float = 1.0):
+                 health_interval_s: float = 1.0, digests: TenantDigests | None = None):
         self._log, self._runner, self._engine = log, runner, engine
+        self._digests = digests  # keys output digests per tenant (the settings' digest_key)
         # Generations run on the watched engine: once it is found dead, they end at once.
         self._watch = EngineWatch(runner, engine, interval_s=health_interval_s)
         self._serving_engine = WatchedEngine(engine, self._watch, runner)
@@ -463,7 +465,7 @@ class InteractiveWorker:
     async def _serve(self, item: WorkItem, started_env: Envelope, priority: int, prompt: Future, taken: Future) -> None:
         try:
             ended = await serve_generation(self._serving_engine, self._cancels, item.value.queued, started_env,
-                                           self._writer, prompt, taken, priority=priority)
+                                           self._writer, prompt, taken, priority=priority, digests=self._digests)
             self.served += ended
         finally:
             self._serving.pop(started_env.payload.request_id, None)

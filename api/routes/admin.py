@@ -1,39 +1,27 @@
-"""`/v1/admin/...`: tenants, keys, limits, model revisions and aliases, for platform admins.
+"""`/v1/admin/...`: tenants, keys, limits, model revisions and aliases.
 
 Every change is an admin event on the log (`pipelines.admin`); these routes only
-translate HTTP into those commands. The `admin` scope is platform-wide, so it belongs on
-operators' keys only; the settings' `bootstrap_token` also works, to make the first one.
+translate HTTP into those commands. Platform routes (tenants made, models, aliases, the
+fleet) take an operator (`OperatorDep`: scope `operator`, or its older name `admin`, or
+the settings' `bootstrap_token`, to make the first one); a tenant's own routes (reading
+it, its keys, its limits) also take its tenant admin (`TenantAdminDep`), to whom any
+other tenant is missing (404). See `api.admin_access`.
 """
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
+from fastapi import APIRouter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
-
-from api.deps import ServicesDep, current_principal
+from api.admin_access import Actor, OperatorDep, TenantAdminDep
+from api.deps import ServicesDep
 from api.errors import ApiError
+from models.authz import ungrantable_scopes
 from models.events_admin import Scope
 from models.quota import MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S
-from pipelines import admin
+from pipelines import admin, admin_tenants
 
 router = APIRouter(prefix="/v1/admin")
-
-
-def admin_actor(request: Request, svc: ServicesDep) -> str:
-    """Who is acting: an admin-scoped key, or the bootstrap token."""
-    token = svc.settings.bootstrap_token
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    if token and scheme.lower() == "bearer" and hmac.compare_digest(secret.strip().encode(), token.encode()):
-        return "bootstrap"
-    principal = current_principal(request, svc)
-    if "admin" not in principal.scopes:
-        raise ApiError(403, "This key lacks the 'admin' scope", code="insufficient_scope")
-    return f"{principal.tenant_id}/{principal.key_id}"
-
-
-ActorDep = Annotated[str, Depends(admin_actor)]
+ActorDep = OperatorDep  # the name other admin routers import
 
 
 def run(command, **kwargs):
@@ -43,6 +31,8 @@ def run(command, **kwargs):
         raise ApiError(404, str(exc), code="not_found") from None
     except admin.AdminConflict as exc:
         raise ApiError(409, str(exc), code="conflict") from None
+    except admin.AdminForbidden as exc:
+        raise ApiError(403, str(exc), code="beyond_grant") from None
     except admin.AdminError as exc:
         raise ApiError(400, str(exc), code="invalid_value") from None
 
@@ -57,6 +47,7 @@ class KeyBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     application_id: str = Field(default="default", min_length=1, max_length=128)
     scopes: list[Scope] = Field(default_factory=lambda: ["generate", "batch", "usage"], min_length=1)
+    expires_at: AwareDatetime | None = None
 
 
 class LimitsBody(BaseModel):
@@ -104,77 +95,109 @@ def tenant_json(registry, tenant_id: str) -> dict:
     tenant = registry.tenants.get(tenant_id)
     if tenant is None:
         raise ApiError(404, f"tenant {tenant_id!r} does not exist", code="not_found")
-    return {"tenant_id": tenant.tenant_id, "name": tenant.name, "limits": registry.limits_for(tenant_id).as_dict()}
+    # `limits`: in force; `granted`: the operator's, which the tenant's own only tighten.
+    return {"tenant_id": tenant.tenant_id, "name": tenant.name, "limits": registry.limits_for(tenant_id).as_dict(),
+            "granted": registry.grant_for(tenant_id).as_dict(), "suspended": tenant_id in registry.suspended}
+
+
+def owned_key(actor: Actor, svc, key_id: str) -> str:
+    """The key's tenant, if the actor manages it; any other key is missing (404). A tenant
+    admin manages only keys it could have issued: never an operator's key of its tenant
+    (rotating one would hand it an operator key)."""
+    try:
+        owner = admin_tenants.key_owner(svc.registry_view, key_id)
+    except admin.AdminNotFound as exc:
+        raise ApiError(404, str(exc), code="not_found") from None
+    if not actor.may_manage(owner.tenant_id):
+        raise ApiError(404, f"key {key_id!r} does not exist", code="not_found")
+    if not actor.operator and ungrantable_scopes(owner.scopes):
+        raise ApiError(403, "Only an operator manages a key with the scopes "
+                       f"{sorted(ungrantable_scopes(owner.scopes))}", code="insufficient_scope")
+    return owner.tenant_id
 
 
 @router.post("/tenants", status_code=201)
-def create_tenant(body: TenantBody, actor: ActorDep, svc: ServicesDep):
+def create_tenant(body: TenantBody, actor: OperatorDep, svc: ServicesDep):
     run(admin.create_tenant, view=svc.registry_view, tenant_id=body.tenant_id, name=body.name or body.tenant_id,
-        actor=actor)
+        actor=str(actor))
     return tenant_json(svc.registry_view.refresh(), body.tenant_id)
 
 
 @router.get("/tenants")
-def list_tenants(_: ActorDep, svc: ServicesDep):
+def list_tenants(actor: TenantAdminDep, svc: ServicesDep):
+    """Every tenant to an operator; a tenant admin's own only."""
     registry = svc.registry_view.refresh()
-    return {"object": "list", "data": [tenant_json(registry, t) for t in sorted(registry.tenants)]}
+    return {"object": "list", "data": [tenant_json(registry, t) for t in sorted(registry.tenants)
+                                       if actor.may_manage(t)]}
 
 
 @router.get("/tenants/{tenant_id}")
-def get_tenant(tenant_id: str, _: ActorDep, svc: ServicesDep):
+def get_tenant(tenant_id: str, actor: TenantAdminDep, svc: ServicesDep):
+    actor.tenant(tenant_id)
     registry = svc.registry_view.refresh()
     keys = [{"key_id": p.key_id, "application_id": p.application_id, "scopes": sorted(p.scopes),
-             "revoked": p.key_id in registry.revoked} for p in registry.keys_of(tenant_id)]
+             "revoked": p.key_id in registry.revoked, "expires_at": registry.expires.get(p.key_id)}
+            for p in registry.keys_of(tenant_id)]
     return {**tenant_json(registry, tenant_id), "keys": keys}
 
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201)
-def issue_key(tenant_id: str, body: KeyBody, actor: ActorDep, svc: ServicesDep):
-    secret, env = run(admin.issue_key, view=svc.registry_view, tenant_id=tenant_id, actor=actor,
-                      application_id=body.application_id, scopes=tuple(body.scopes))
+def issue_key(tenant_id: str, body: KeyBody, actor: TenantAdminDep, svc: ServicesDep):
+    actor.tenant(tenant_id)
+    if not actor.operator and ungrantable_scopes(body.scopes):
+        raise ApiError(403, f"A tenant admin may not issue the scopes {sorted(ungrantable_scopes(body.scopes))}",
+                       code="insufficient_scope", param="scopes")
+    secret, env = run(admin.issue_key, view=svc.registry_view, tenant_id=tenant_id, actor=str(actor),
+                      application_id=body.application_id, scopes=tuple(body.scopes), expires_at=body.expires_at)
     # The secret is shown here once; the log keeps only its hash.
     return {"key_id": env.payload.key_id, "api_key": secret, "tenant_id": tenant_id,
-            "application_id": body.application_id, "scopes": list(env.payload.scopes)}
+            "application_id": body.application_id, "scopes": list(env.payload.scopes),
+            "expires_at": body.expires_at}
 
 
 @router.post("/keys/{key_id}/revoke")
-def revoke_key(key_id: str, actor: ActorDep, svc: ServicesDep):
-    env = run(admin.revoke_key, view=svc.registry_view, key_id=key_id, actor=actor)
+def revoke_key(key_id: str, actor: TenantAdminDep, svc: ServicesDep):
+    owned_key(actor, svc, key_id)
+    env = run(admin.revoke_key, view=svc.registry_view, key_id=key_id, actor=str(actor))
     return {"key_id": key_id, "tenant_id": env.payload.tenant_id, "revoked": True}
 
 
 @router.patch("/tenants/{tenant_id}/limits")
 @router.put("/tenants/{tenant_id}/limits")
-def set_limits(tenant_id: str, body: LimitsBody, actor: ActorDep, svc: ServicesDep):
+def set_limits(tenant_id: str, body: LimitsBody, actor: TenantAdminDep, svc: ServicesDep):
+    """An operator sets the grant; a tenant admin its own limits, within the grant (403
+    `beyond_grant` otherwise, and for the fields only an operator sets)."""
+    actor.tenant(tenant_id)
     changes = body.model_dump(include=body.model_fields_set)
-    run(admin.set_limits, view=svc.registry_view, tenant_id=tenant_id, actor=actor, **changes)
+    command = admin.set_limits if actor.operator else admin_tenants.set_own_limits
+    run(command, view=svc.registry_view, tenant_id=tenant_id, actor=str(actor), **changes)
     return tenant_json(svc.registry_view.refresh(), tenant_id)
 
 
 @router.post("/models", status_code=201)
-def approve_model(body: ModelBody, actor: ActorDep, svc: ServicesDep):
+def approve_model(body: ModelBody, actor: OperatorDep, svc: ServicesDep):
     data = body.model_dump()
-    run(admin.approve_model, view=svc.registry_view, actor=actor,
+    run(admin.approve_model, view=svc.registry_view, actor=str(actor),
         **{**data, "allowed_tenants": tuple(body.allowed_tenants)})
     return {"alias": body.alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}
 
 
 @router.put("/aliases/{alias}")
-def set_alias(alias: str, body: AliasBody, actor: ActorDep, svc: ServicesDep):
-    run(admin.set_alias, view=svc.registry_view, alias=alias, model_revision=body.model_revision, actor=actor,
+def set_alias(alias: str, body: AliasBody, actor: OperatorDep, svc: ServicesDep):
+    run(admin.set_alias, view=svc.registry_view, alias=alias, model_revision=body.model_revision, actor=str(actor),
         allowed_tenants=tuple(body.allowed_tenants))
     return {"alias": alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}
 
 
 @router.post("/models/{model_revision:path}/retire")  # a revision name may hold a '/'; the route is unambiguous
-def retire_revision(model_revision: str, actor: ActorDep, svc: ServicesDep, body: RetireBody | None = None):
+def retire_revision(model_revision: str, actor: OperatorDep, svc: ServicesDep, body: RetireBody | None = None):
     """New work on the revision is refused (410 `model_retired`); running work finishes."""
     reason = body.reason if body else None
-    run(admin.retire_revision, view=svc.registry_view, model_revision=model_revision, actor=actor, reason=reason)
+    run(admin.retire_revision, view=svc.registry_view, model_revision=model_revision, actor=str(actor), reason=reason)
     return {"model_revision": model_revision, "retired": True, "reason": reason}
 
 
 @router.delete("/aliases/{alias}")
-def delete_alias(alias: str, actor: ActorDep, svc: ServicesDep):
-    run(admin.delete_alias, view=svc.registry_view, alias=alias, actor=actor)
+def delete_alias(alias: str, actor: OperatorDep, svc: ServicesDep):
+    run(admin.delete_alias, view=svc.registry_view, alias=alias, actor=str(actor))
     return {"alias": alias, "deleted": True}

@@ -1,7 +1,7 @@
 """`GET /v1/audit/events`: the audit trail, a page at a time, in time order.
 
 Who sees what: a key with the `audit` scope sees its own tenant's events; a key with
-both `audit` and `admin` is a platform auditor and sees every tenant's (and the
+both `audit` and `operator` (or `admin`) is a platform auditor and sees every tenant's (and the
 platform's own), optionally narrowed with `tenant`. Each item is the event exactly as
 chained (the record's canonical JSON) with its position, hash and chain link, so an
 auditor can check `sha256(event) == event_hash` on their own. Only durable topics are
@@ -20,6 +20,7 @@ from api.deps import scope
 from api.errors import ApiError
 from api.query_types import IsoDateTime
 from api.routes.usage import ProjectionDbDep
+from models.authz import is_operator
 from models.registry import Principal
 from pipelines.projections.queries import audit_events
 
@@ -28,7 +29,7 @@ AuditDep = Annotated[Principal, scope("audit")]
 
 
 def is_platform_auditor(principal: Principal) -> bool:
-    return {"audit", "admin"} <= principal.scopes
+    return "audit" in principal.scopes and is_operator(principal.scopes)
 
 
 def encode_cursor(cursor) -> str:
@@ -54,7 +55,7 @@ def list_audit_events(
     if is_platform_auditor(principal):
         tenant_id = tenant
     elif tenant is not None and tenant != principal.tenant_id:
-        raise ApiError(403, "Only a platform auditor (scopes audit and admin) may read other tenants' events",
+        raise ApiError(403, "Only a platform auditor (scopes audit and operator) may read other tenants' events",
                        code="insufficient_scope", param="tenant")
     else:
         tenant_id = principal.tenant_id

@@ -82,6 +82,24 @@ class Ed25519Signer(Ed25519Verifier):
         return base64.urlsafe_b64encode(self._public.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
 
+DEV_KEY = "dev-only-change-me"  # the settings' default: fine for the embedded quick start only
+
+
+def dev_key_refused(settings) -> str | None:
+    """Why a projector may not sign with these settings' key, or None. The development key
+    is public, so a trail signed with it proves nothing: it is refused wherever the log or
+    the database is a shared server (anything but the embedded SQLite files)."""
+    if settings.audit_signing_key != DEV_KEY:
+        return None
+    shared = [name for name, url in (("event log", settings.event_log_url), ("database", settings.database_url))
+              if not url.startswith("sqlite")]
+    if not shared:
+        return None
+    return (f"refusing to sign the audit trail with the development key on a shared {' and '.join(shared)}: "
+            "set LEDGERLM_AUDIT_SIGNING_KEY to a secret of your own (ed25519:<urlsafe base64 of 32 random "
+            "bytes>, or any other string for HMAC)")
+
+
 def signer_from_key(key: str) -> Signer:
     if key.startswith("ed25519:"):
         return Ed25519Signer(base64.urlsafe_b64decode(key[len("ed25519:"):]))

@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 from sqlalchemy import Connection, Engine, func, select
 
 from models import topics
-from models.tables import audit_checkpoints, audit_trail
+from models.tables import audit_checkpoints, audit_seals, audit_trail
 from pipelines.audit.chain import CHECKPOINT_EVERY, genesis
 from pipelines.audit.signing import Verifier, checkpoint_message
 from pipelines.eventlog import EventLog, Record, UnknownTopic
@@ -132,10 +132,14 @@ def _prefetched(pages: Iterator[list], depth: int = 2) -> Iterator[list]:
 
 
 def _checkpoints(conn: Connection, topic: str, partition: int, verifier: Verifier) -> tuple[dict, list[Finding]]:
-    c = audit_checkpoints.c
+    """Signed heads: the checkpoints due every N records, and the seals made on time."""
     signed, bad = {}, []
-    for seq, offset, link, signature in conn.execute(
-            select(c.seq, c.offset, c.link, c.signature).where(c.topic == topic, c.partition == partition)):
+    c, s = audit_checkpoints.c, audit_seals.c
+    heads = chain(conn.execute(select(c.seq, c.offset, c.link, c.signature).where(c.topic == topic,
+                                                                                  c.partition == partition)),
+                  conn.execute(select(s.seq, s.offset, s.link, s.signature).where(s.topic == topic,
+                                                                                  s.partition == partition)))
+    for seq, offset, link, signature in heads:
         link = bytes(link)
         if verifier.verify(checkpoint_message(topic, partition, seq, offset, link), signature):
             signed[seq] = (offset, link)
@@ -194,7 +198,7 @@ def _walk(records: Iterator[Record], rows: Iterator[tuple], signed: dict, every:
         if link != row_link or row_seq != seq:
             return finding(offset, "trail_changed", f"seq {seq} link {link.hex()}",
                            f"seq {row_seq} link {bytes(row_link).hex()}", "the trail row's link was altered")
-        if seq % every == 0:
+        if seq % every == 0 or seq in signed:  # due every N records, or sealed on time
             if seq not in signed:
                 return finding(offset, "checkpoint_missing", f"a signed checkpoint at seq {seq}", "none",
                                "a due checkpoint is missing or unsigned")

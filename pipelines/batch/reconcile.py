@@ -25,7 +25,7 @@ from models import batch_keys as keys
 from models.batch import BatchState, ChunkState
 from models.batch_budget import BatchLimits, TenantBatchBudget
 from models.events_batch import (
-    BatchChunkFailed, BatchChunkQueued, BatchChunkSkipped, BatchFailed, BatchFinalizationStarted, BatchUsageSettled,
+    BatchCancelRequested, BatchChunkFailed, BatchChunkQueued, BatchChunkSkipped, BatchFailed, BatchFinalizationStarted, BatchUsageSettled,
     BatchValidated, BatchWindowElapsed, RequestCounts,
 )
 from models.registry import Registry
@@ -70,6 +70,9 @@ class Reconciler:
         """Decides the next steps of `batch`; `emit(payload)` applies and records each event."""
         if batch.terminal:
             return
+        if batch.tenant_id in registry.suspended and batch.status in ("validating", "in_progress") \
+                and not batch.cancel_requested:
+            emit(BatchCancelRequested(batch_id=batch.batch_id))  # a suspended tenant's work ends, cancelled
         if not batch.window_elapsed and now >= batch.expires_at:
             emit(BatchWindowElapsed(batch_id=batch.batch_id))
         if not batch.validated:

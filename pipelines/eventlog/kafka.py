@@ -36,12 +36,15 @@ class KafkaEventLog(EventLog):
         timeout_s: float = 30.0,
         group_options: dict | None = None,
         producer_options: dict | None = None,
+        security: dict | None = None,
     ):
         servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
         self._timeout_s = timeout_s
         self._client_id = client_id
         ms = int(timeout_s * 1000)
-        self._common = dict(bootstrap_servers=servers, request_timeout_ms=ms, bootstrap_timeout_ms=ms)
+        # `security`: SASL and TLS options (pipelines.kafka_security), for every client it makes.
+        self._common = dict(bootstrap_servers=servers, request_timeout_ms=ms, bootstrap_timeout_ms=ms,
+                            **(security or {}))
         self._group_options = dict(group_options or {})
         self._producer_options = dict(producer_options or {})
         try:

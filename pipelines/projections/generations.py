@@ -86,7 +86,7 @@ def merge(row: Row, e: Event) -> None:
         if not row["settled"]:
             row.update(settled=True, status=p.get("terminal_status"), input_tokens=p.get("input_tokens", 0),
                        output_tokens=p.get("output_tokens", 0), cost_micros=p.get("cost_micros", 0),
-                       settled_at=e.at())
+                       delivered_output_tokens=p.get("delivered_output_tokens"), settled_at=e.at())
             row["reservation_id"] = row["reservation_id"] or p.get("reservation_id")
     row["status"] = derive_status(row)
 
@@ -105,7 +105,8 @@ def usage_row(row: Row) -> Row:
         "tenant_id": row["tenant_id"], "source": "generation", "source_id": row["request_id"], "batch_id": None,
         "application_id": row["application_id"], "key_id": row["key_id"], "model_alias": row["model_alias"],
         "model_revision": row["model_revision"], "input_tokens": row["input_tokens"],
-        "output_tokens": row["output_tokens"], "cost_micros": row["cost_micros"], "queued_ms": row["queued_ms"],
+        "output_tokens": row["output_tokens"], "cost_micros": row["cost_micros"],
+        "delivered_output_tokens": row["delivered_output_tokens"], "queued_ms": row["queued_ms"],
         "ttft_ms": row["ttft_ms"], "duration_ms": row["duration_ms"], "finish_reason": row["finish_reason"],
         "terminal_status": row["status"], "settled_at": settled_at, "day": settled_at.strftime("%Y-%m-%d"),
     }

@@ -56,10 +56,16 @@ def status_from_row(r) -> dict[str, Any]:
         "model_revision": r["model_revision"], "application_id": r["application_id"],
         "finish_reason": r["finish_reason"], "error_code": r["error_code"] or r["reject_reason"],
         "usage": {"input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
-                  "cost_micros": r["cost_micros"], "settled": r["settled"]},
+                  "delivered_output_tokens": _delivered(r), "cost_micros": r["cost_micros"], "settled": r["settled"]},
         "timings": {"queued_ms": r["queued_ms"], "ttft_ms": r["ttft_ms"], "duration_ms": r["duration_ms"]},
         "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
     }
+
+
+def _delivered(r) -> int:
+    """Output tokens the client received: all of them unless it went away early."""
+    delivered = r.get("delivered_output_tokens")
+    return r["output_tokens"] if delivered is None else delivered
 
 
 def batch_status(db: Engine | Connection, tenant_id: str, batch_id: str) -> dict[str, Any] | None:
@@ -84,6 +90,7 @@ def _usage_totals(u):
     return [func.sum(case((u.source == "generation", 1), else_=0)).label("generations"),
             func.sum(case((u.source == "batch_chunk", 1), else_=0)).label("batch_chunks"),
             func.sum(u.input_tokens).label("input_tokens"), func.sum(u.output_tokens).label("output_tokens"),
+            func.sum(func.coalesce(u.delivered_output_tokens, u.output_tokens)).label("delivered_output_tokens"),
             func.sum(u.cost_micros).label("cost_micros")]
 
 

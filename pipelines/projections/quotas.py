@@ -11,15 +11,17 @@ Interactive generations only; batch budgets are the batch dispatcher's to report
 """
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from sqlalchemy import Connection
 
 from models import topics
-from models.quota import DEFAULT_FAIR_SHARE_WEIGHT
+from models.authz import OWN_LIMIT_FIELDS, tighten
+from models.quota import DEFAULT_FAIR_SHARE_WEIGHT, Limits
 from models.tables import open_reservations, quota_usage, tenant_limits
 from pipelines.projections.base import Event, Projection
-from pipelines.projections.sql import add_to, delete_by_keys, insert_new, upsert
+from pipelines.projections.sql import add_to, delete_by_keys, insert_new, select_by_keys, upsert
 
 LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
                 "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool",
@@ -34,7 +36,8 @@ def minute_of(at: datetime) -> datetime:
 class QuotasProjection(Projection):
     name = "quotas"
     tables = (tenant_limits, quota_usage, open_reservations)
-    handles = frozenset({"TenantLimitsChanged", "BudgetReserved", "UsageSettled", "ReservationExpired"})
+    handles = frozenset({"TenantLimitsChanged", "TenantOwnLimitsChanged", "BudgetReserved", "UsageSettled",
+                         "ReservationExpired"})
 
     def apply(self, conn: Connection, events: list[Event]) -> None:
         usage: dict[tuple, dict] = {}
@@ -48,16 +51,17 @@ class QuotasProjection(Projection):
                 usage[key] = {"tenant_id": key[0], "minute": key[1], "requests": 0, "tokens": 0, "cost_micros": 0}
             return usage[key]
 
+        admin = [e for e in events if e.topic == topics.ADMIN.name
+                 and e.type in ("TenantLimitsChanged", "TenantOwnLimitsChanged")]
+        if admin:
+            tenants = {(e.payload.get("tenant_id") or e.tenant_id,) for e in admin}
+            limits = {r["tenant_id"]: r for r in select_by_keys(conn, tenant_limits, tenants)}
         for e in events:
             p = e.payload
-            if e.type == "TenantLimitsChanged" and e.topic == topics.ADMIN.name:
+            if e.type in ("TenantLimitsChanged", "TenantOwnLimitsChanged") and e.topic == topics.ADMIN.name:
                 # One admin partition, read in order: the last change of a batch is the one in force.
                 tenant = p.get("tenant_id") or e.tenant_id
-                limits[tenant] = {"tenant_id": tenant, **{f: p.get(f) for f in LIMIT_FIELDS},
-                                  "changed_at": e.at(), "changed_by": p.get("actor")}
-                # Absent from events older than these two: the defaults were in force.
-                limits[tenant]["fair_share_weight"] = float(p.get("fair_share_weight") or DEFAULT_FAIR_SHARE_WEIGHT)
-                limits[tenant]["may_send_high"] = bool(p.get("may_send_high"))
+                limits[tenant] = fold_limits(limits.get(tenant), e)
             elif e.type == "BudgetReserved":
                 bucket(e)["requests"] += 1
                 key = (e.tenant_id, p["request_id"])
@@ -78,3 +82,28 @@ class QuotasProjection(Projection):
         insert_new(conn, open_reservations, list(opened.values()))
         add_to(conn, quota_usage, list(usage.values()), COUNTERS)
         upsert(conn, tenant_limits, list(limits.values()))
+
+
+def fold_limits(row: dict | None, e: Event) -> dict:
+    """A tenant's limits row after one admin event: the grant and its own limits kept
+    apart (JSON), the columns the lower of the two, as admission applies them."""
+    p = e.payload
+    if row is None:
+        grant, own = {}, {}
+    else:  # a row without a grant predates own limits: its columns are the grant
+        grant = json.loads(row["granted"]) if row.get("granted") else {f: row[f] for f in LIMIT_FIELDS}
+        own = json.loads(row["own_limits"]) if row.get("own_limits") else {}
+    if e.type == "TenantLimitsChanged":
+        grant = {f: p.get(f) for f in LIMIT_FIELDS}
+        # Absent from events older than these two: the defaults were in force.
+        grant["fair_share_weight"] = float(p.get("fair_share_weight") or DEFAULT_FAIR_SHARE_WEIGHT)
+        grant["may_send_high"] = bool(p.get("may_send_high"))
+    else:
+        own = {f: p.get(f) for f in OWN_LIMIT_FIELDS}
+    base = Limits(**{**{f: grant.get(f) for f in LIMIT_FIELDS},
+                     "fair_share_weight": float(grant.get("fair_share_weight") or DEFAULT_FAIR_SHARE_WEIGHT),
+                     "may_send_high": bool(grant.get("may_send_high"))})
+    in_force = tighten(base, own)
+    return {"tenant_id": p.get("tenant_id") or e.tenant_id, **in_force.as_dict(), "changed_at": e.at(),
+            "changed_by": p.get("actor"), "granted": json.dumps(grant, sort_keys=True),
+            "own_limits": json.dumps(own, sort_keys=True) if own else None}

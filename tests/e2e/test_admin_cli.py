@@ -46,3 +46,20 @@ def test_admin_cli_manages_tenants_keys_limits_and_models(tmp_path):
                 ["model", "alias", "x", "no-such-revision"]):
         result = ledgerlm(tmp_path, *bad)
         assert result.returncode == 2 and result.stderr.startswith("error:"), (bad, result.stderr)
+
+
+def test_admin_cli_rotates_expires_keys_and_suspends_tenants(tmp_path):
+    lines(ledgerlm(tmp_path, "tenant", "create", "acme"))
+    [key] = lines(ledgerlm(tmp_path, "key", "issue", "--tenant", "acme", "--scopes", "generate",
+                           "--expires-at", "2030-01-01T00:00:00Z"))
+    [rotated] = lines(ledgerlm(tmp_path, "key", "rotate", key["key_id"], "--old-valid-for-s", "60"))
+    assert rotated["rotated_from"] == key["key_id"] and rotated["api_key"].startswith("llm-")
+    assert rotated["old_key_expires_at"] < "2030"
+    [expired] = lines(ledgerlm(tmp_path, "key", "expire", rotated["key_id"], "--at", "2031-01-01T00:00:00+00:00"))
+    assert expired["expires_at"].startswith("2031-01-01")
+    assert ledgerlm(tmp_path, "key", "expire", rotated["key_id"], "--at", "2031-01-01T00:00:00").returncode == 2
+    assert lines(ledgerlm(tmp_path, "tenant", "suspend", "acme", "--reason", "unpaid")) == [
+        {"tenant_id": "acme", "suspended": True}]
+    again = ledgerlm(tmp_path, "tenant", "suspend", "acme")
+    assert again.returncode == 2 and "already suspended" in again.stderr
+    assert lines(ledgerlm(tmp_path, "tenant", "reinstate", "acme")) == [{"tenant_id": "acme", "suspended": False}]

@@ -1,0 +1,66 @@
+"""A streaming client that goes away early: its tenant is charged for what the engine
+generated (during the reconnect grace too), and the usage shows what was delivered
+beside it. The grace is a setting (`disconnect_grace_s`)."""
+from __future__ import annotations
+
+import uuid
+
+from models.settings import Settings
+from pipelines import admin
+from tests.e2e.test_cancel import settlement
+from tests.e2e.test_streaming import sse_frames
+from tests.engine_wrappers import PacedEngine
+from tests.harness import MODEL_ALIAS
+from tests.helpers import wait_until
+
+LONG = {"model_alias": MODEL_ALIAS, "input": "tell a long story", "max_output_tokens": 400, "ignore_eos": True}
+
+
+def test_the_reconnect_grace_is_a_setting():
+    assert Settings().disconnect_grace_s == 2.0
+    assert Settings(disconnect_grace_s=0.5).disconnect_grace_s == 0.5
+
+
+def test_a_client_that_drops_after_a_few_tokens_is_charged_what_was_generated_and_shown_both(platform, monkeypatch):
+    monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 1.0)
+    tenant_id, secret = platform.tenant()
+    pool = "paced-" + uuid.uuid4().hex[:8]
+    admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
+    # Paced: one token every 20 ms, so the engine makes dozens more during the grace.
+    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=PacedEngine(platform.runner.engine, 0.02))
+    try:
+        with platform.client(secret) as client:
+            with client.stream("POST", "/v1/generations", json=LONG) as response:
+                assert response.status_code == 200
+                read = 0
+                for _, data in sse_frames(response):
+                    request_id = data["request_id"]
+                    read += data.get("token_count", 0)
+                    if read >= 3:
+                        break
+            # Gone after 3 tokens; the generation runs on through the grace, then is cancelled.
+            settled = settlement(platform, tenant_id, request_id)
+            assert settled.terminal_status == "cancelled"
+            delivered = settled.delivered_output_tokens
+            assert delivered is not None and 3 <= delivered < settled.output_tokens < LONG["max_output_tokens"], (
+                delivered, settled.output_tokens)
+            assert settled.cost_micros > 0
+            status = wait_until(lambda: (s := client.get(f"/v1/generations/{request_id}").json())["usage"]["settled"]
+                                and s, 30, every_s=0.2, what="the settled status")
+            assert status["usage"]["output_tokens"] == settled.output_tokens
+            assert status["usage"]["delivered_output_tokens"] == delivered
+    finally:
+        loop.halt()
+        platform.check()
+
+
+def test_a_completed_generation_delivered_all_it_generated(platform):
+    tenant_id, secret = platform.tenant()
+    with platform.client(secret) as client:
+        done = client.post("/v1/generations", json={**LONG, "max_output_tokens": 5, "stream": False})
+        assert done.status_code == 200, done.text
+        request_id = done.json()["request_id"]
+        settled = settlement(platform, tenant_id, request_id)
+        assert settled.delivered_output_tokens is None and settled.output_tokens == 5
+        status = client.get(f"/v1/generations/{request_id}").json()
+        assert status["usage"]["delivered_output_tokens"] == status["usage"]["output_tokens"] == 5
