@@ -45,13 +45,17 @@ def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     from pipelines.metrics import projector_metrics, serve_metrics
+    from pipelines.outage import Readiness, exit_on_fatal
 
+    readiness = Readiness("projector")
     with Bootstrap(settings).event_log() as log:
         runner, engine = _runner(settings, log)
-        server = serve_metrics(settings, projector_metrics(runner))
+        server = serve_metrics(settings, projector_metrics(runner), readiness.registry)
         print(json.dumps({"projector": "ready", "metrics_port": server and server.port}), flush=True)
         try:
-            runner.run(stop)
+            runner.run(stop, readiness=readiness)  # transient log and database errors are waited out inside
+        except Exception as exc:
+            return exit_on_fatal("projector", exc)
         finally:
             if server is not None:
                 server.close()

@@ -64,11 +64,13 @@ def place_beside_engine(settings: Settings, engine) -> set[int] | None:
     return cpus
 
 
-def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None) -> Callable[[], None]:
+def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None,
+                 readiness=None) -> Callable[[], None]:
     """Runs admission on a thread of this process, on its own log handle, handing what can
     start at once straight to `worker` (`serve worker --admit`); returns how to close it
-    once `stop` is set. If admission fails, it sets `stop`: the process goes down with it,
-    for its supervisor to restart. `metrics` (an `AdmissionMetrics`) counts what it decides."""
+    once `stop` is set. A log that fails is waited out (`readiness`, a `Readiness`, down
+    meanwhile); any other failure sets `stop`: the process goes down with it, for its
+    supervisor to restart. `metrics` (an `AdmissionMetrics`) counts what it decides."""
     from datetime import timedelta
 
     from pipelines.admission import AdmissionProcessor
@@ -84,7 +86,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
 
     def admit() -> None:
         try:
-            processor.run(stop)
+            processor.run(stop, readiness)
         except BaseException:
             logging.getLogger(__name__).exception("admission stopped")
             stop.set()
@@ -149,6 +151,7 @@ def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, 
 def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
                  alias: str | None = None) -> int:
     from pipelines.metrics import AdmissionMetrics, serve_metrics
+    from pipelines.outage import Readiness
     from workers.engine_runner import EngineRunner
     from workers.metrics import worker_metrics
 
@@ -164,9 +167,12 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         started = start_worker(platform, settings, log, runner, serving, pool)
         worker = started.worker
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
-        server = serve_metrics(settings, worker_metrics(worker),
-                               *([admission_metrics.registry] if admission_metrics else []))
-        close_admission = admit_beside(worker, settings, stop, admission_metrics) if settings.worker_admits else None
+        readiness = Readiness("worker")
+        admission_ready = Readiness("admission") if settings.worker_admits else None
+        server = serve_metrics(settings, worker_metrics(worker), readiness.registry,
+                               *([admission_metrics.registry, admission_ready.registry] if admission_metrics else []))
+        close_admission = (admit_beside(worker, settings, stop, admission_metrics, admission_ready)
+                           if settings.worker_admits else None)
         worker.join()
         print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead,
                           "admits": close_admission is not None, "metrics_port": server and server.port,
@@ -175,7 +181,11 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                           "engine_cpus": format_cpu_list(started.engine_cpus) if started.engine_cpus else None}),
               flush=True)
         try:
-            worker.run(stop)
+            worker.run(stop, readiness)  # transient log errors are waited out inside
+        except Exception as exc:
+            print(f"ledgerlm serve worker: stopping on an error it cannot ride out: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            raise
         finally:
             stop.set()
             for close in (close_admission, worker.close, started.cancel_log.close, server and server.close):
