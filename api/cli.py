@@ -60,7 +60,7 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
     from pipelines.admission import AdmissionProcessor
     from pipelines.bootstrap import Bootstrap
     from pipelines.metrics import AdmissionMetrics, serve_metrics
-    from pipelines.outage import Readiness, exit_on_fatal
+    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
 
     platform = Bootstrap(settings)
     log = platform.event_log()
@@ -68,7 +68,7 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
     readiness = Readiness("admission")
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
                                    on_written=metrics.written, lost_after_s=settings.worker_lost_after_s)
-    server = serve_metrics(settings, metrics.follow(processor).registry, readiness.registry)
+    server = serve_metrics(settings, metrics.follow(processor).registry, readiness_registry(readiness))
     stop = _stop_on_signal()
     try:
         processor.run(stop, readiness)  # transient log errors are waited out inside

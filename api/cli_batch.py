@@ -172,7 +172,7 @@ def serve_dispatcher(settings: Settings) -> int:
     from pipelines.batch.dispatcher import dispatcher_from_settings
     from pipelines.bootstrap import Bootstrap
     from pipelines.metrics import dispatcher_metrics, serve_metrics
-    from pipelines.outage import Readiness, exit_on_fatal
+    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -180,7 +180,7 @@ def serve_dispatcher(settings: Settings) -> int:
     log = Bootstrap(settings).event_log()
     dispatcher = dispatcher_from_settings(settings, log)
     readiness = Readiness("batch-dispatcher")
-    server = serve_metrics(settings, dispatcher_metrics(dispatcher), readiness.registry)
+    server = serve_metrics(settings, dispatcher_metrics(dispatcher), readiness_registry(readiness))
     print(json.dumps({"batch_dispatcher": "ready", "metrics_port": server and server.port}), flush=True)
     try:
         dispatcher.run(stop, readiness)  # transient log errors are waited out inside

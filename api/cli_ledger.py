@@ -45,12 +45,12 @@ def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     from pipelines.metrics import projector_metrics, serve_metrics
-    from pipelines.outage import Readiness, exit_on_fatal
+    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
 
-    readiness = Readiness("projector")
+    readiness = Readiness("projector", stall_s=None)  # a long catch-up is work, not a stall
     with Bootstrap(settings).event_log() as log:
         runner, engine = _runner(settings, log)
-        server = serve_metrics(settings, projector_metrics(runner), readiness.registry)
+        server = serve_metrics(settings, projector_metrics(runner), readiness_registry(readiness))
         print(json.dumps({"projector": "ready", "metrics_port": server and server.port}), flush=True)
         try:
             runner.run(stop, readiness=readiness)  # transient log and database errors are waited out inside

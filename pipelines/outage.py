@@ -68,18 +68,19 @@ class Backoff:
 
 class Readiness:
     """Whether a component is serving, and why not. Says once when it goes down and once
-    when it is back, however many tries lie between. `registry` holds the `ledgerlm_ready`
-    gauge (1 ready, 0 not), labelled by component."""
+    when it is back, however many tries lie between. `readiness_registry` serves the
+    `ledgerlm_ready` gauge of one or more (1 ready, 0 not), labelled by component."""
 
-    def __init__(self, component: str, *, ready: bool = True):
-        self.component = component
+    def __init__(self, component: str, *, ready: bool = True, stall_s: float | None = 15.0):
+        """`stall_s`: a step of `keep_running` busy longer than this (a call blocked on a
+        frozen broker) also counts as not ready; None: never."""
+        self.component, self.stall_s = component, stall_s
+        self.busy_since: float | None = None  # monotonic, while `keep_running` runs a step
         self._lock = threading.Lock()
         self.ready = ready
         self.reason: str | None = None
         self.down_since: float | None = None  # monotonic
         self.outages = 0
-        self.registry = CollectorRegistry()
-        self.registry.register(_ReadyGauge([self]))
 
     def down(self, exc: BaseException | str) -> None:
         why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
@@ -92,6 +93,13 @@ class Readiness:
         if first:
             logger.warning("%s: not ready, a backing service failed (%s); retrying with backoff", self.component, why)
 
+    @property
+    def serving(self) -> bool:
+        """Ready, and not stuck in a step (what the gauge and a readiness probe say)."""
+        busy = self.busy_since
+        stalled = self.stall_s is not None and busy is not None and time.monotonic() - busy > self.stall_s
+        return self.ready and not stalled
+
     def up(self) -> None:
         with self._lock:
             if self.ready:
@@ -102,6 +110,13 @@ class Readiness:
             logger.warning("%s: ready again after %.1f s", self.component, time.monotonic() - was)
 
 
+def readiness_registry(*readiness: Readiness) -> CollectorRegistry:
+    """One `ledgerlm_ready` gauge over the components of a process (one family, one series each)."""
+    registry = CollectorRegistry()
+    registry.register(_ReadyGauge(list(readiness)))
+    return registry
+
+
 class _ReadyGauge(Collector):
     def __init__(self, readiness: list[Readiness]):
         self._readiness = readiness
@@ -110,7 +125,7 @@ class _ReadyGauge(Collector):
         family = GaugeMetricFamily("ledgerlm_ready", "1 while the component serves; 0 while a backing service "
                                    "(log, database) it needs is failing and it retries", labels=["component"])
         for r in self._readiness:
-            family.add_metric([r.component], 1.0 if r.ready else 0.0)
+            family.add_metric([r.component], 1.0 if r.serving else 0.0)
         return [family]
 
 
@@ -122,6 +137,7 @@ def keep_running(step: Callable[[], object], stop: threading.Event, *, readiness
     backoff and tries again; a step that returns marks it ready. Other errors are raised."""
     backoff = backoff or Backoff()
     while not stop.is_set() and not (until is not None and until()):
+        readiness.busy_since = time.monotonic()
         try:
             step()
         except Exception as exc:
@@ -136,8 +152,11 @@ def keep_running(step: Callable[[], object], stop: threading.Event, *, readiness
                     if not is_transient(again):
                         raise
                     logger.debug("%s: recovering failed too: %r", readiness.component, again)
+            readiness.busy_since = None
             stop.wait(backoff.next())
             continue
+        finally:
+            readiness.busy_since = None
         if not readiness.ready:
             readiness.up()
         backoff.reset()

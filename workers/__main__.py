@@ -151,7 +151,7 @@ def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, 
 def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
                  alias: str | None = None) -> int:
     from pipelines.metrics import AdmissionMetrics, serve_metrics
-    from pipelines.outage import Readiness
+    from pipelines.outage import Readiness, readiness_registry
     from workers.engine_runner import EngineRunner
     from workers.metrics import worker_metrics
 
@@ -169,8 +169,9 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
         readiness = Readiness("worker")
         admission_ready = Readiness("admission") if settings.worker_admits else None
-        server = serve_metrics(settings, worker_metrics(worker), readiness.registry,
-                               *([admission_metrics.registry, admission_ready.registry] if admission_metrics else []))
+        server = serve_metrics(settings, worker_metrics(worker),
+                               readiness_registry(readiness, *([admission_ready] if admission_ready else [])),
+                               *([admission_metrics.registry] if admission_metrics else []))
         close_admission = (admit_beside(worker, settings, stop, admission_metrics, admission_ready)
                            if settings.worker_admits else None)
         worker.join()
