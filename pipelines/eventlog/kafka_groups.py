@@ -30,7 +30,7 @@ FENCING_ERRORS = (
 )
 ZOMBIE_ERRORS = (kerr.ProducerFencedError, kerr.InvalidProducerEpochError)
 # The broker unreachable or silent: the transaction's outcome is unknown to this producer.
-UNREACHABLE_ERRORS = (kerr.KafkaTimeoutError, kerr.NoBrokersAvailable, kerr.KafkaConnectionError,
+UNREACHABLE_ERRORS = (kerr.KafkaTimeoutError, kerr.KafkaConnectionError,
                       kerr.RequestTimedOutError, kerr.NodeNotReadyError)
 
 
