@@ -71,11 +71,13 @@ def _key_reused() -> ApiError:
 async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
                            body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
     t0 = time.monotonic()
+    # By then admission must have decided (reading the log for ids included): 503 otherwise.
+    decide_by = t0 + svc.settings.decision_timeout_s
     tenant_id = principal.tenant_id
     try:
-        identified = await asyncio.to_thread(
+        identified = await outage.within(asyncio.ensure_future(asyncio.to_thread(
             idempotency.identify, cmd, tenant_id=tenant_id, body=body, idempotency_key=idempotency_key,
-            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc))
+            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc))), decide_by, "The event log")
     except idempotency.KeyReused:
         raise _key_reused() from None
     except idempotency.RequestIdInUse as exc:
@@ -90,8 +92,6 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     sub = hub.subscribe(tenant_id, cmd.request_id)  # before submitting: no event can slip past
     tracker = svc.metrics.track(tenant_id, pool_of(cmd.priority), t0)
     stream = RequestStream(sub, after=start - 1, on_event=tracker.on_event, on_close=tracker.close)
-    # Until then admission must have decided (or the log taken the request): 503 otherwise.
-    decide_by = t0 + svc.settings.decision_timeout_s
     submitting = asyncio.ensure_future(asyncio.to_thread(
         submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
         counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,

@@ -36,7 +36,7 @@ DECISION_S = 3.0
 # bounded by the decision timeout, plus the look for a decision (2 s), plus a loaded host.
 BOUND_S = 12.0
 FREEZE_S = 15.0
-STOPPED_S = 6.0
+STOPPED_S = 10.0
 RECOVER_S = 90.0
 ENVIRONMENT = {"LEDGERLM_ENGINE_FACTORY": "tests.slow_engine:SlowEngine.from_settings", "LEDGERLM_CPUS": "all",
                "LEDGERLM_TEST_TOKEN_PAUSE_S": "0.01", "LEDGERLM_DECISION_TIMEOUT_S": str(DECISION_S),
@@ -45,16 +45,16 @@ OUTAGE_CODES = {"log_unavailable", "admission_timeout", "no_capacity"}
 
 
 class Traffic:
-    """One client sending small generations back to back, each with its own request id,
-    noting the phase of the test each began in, its status, error code and time taken."""
+    """`clients` clients, each sending small generations back to back, each with its own
+    request id, noting the phase of the test each began in, its status, error code and time."""
 
-    def __init__(self, base_url: str, secret: str):
+    def __init__(self, base_url: str, secret: str, clients: int = 2):
         self.phase = "before"
         self.results: list[dict] = []
         self.entered: list[tuple[str, float]] = [("before", time.monotonic())]
         self._stop = threading.Event()
         self._client = httpx.Client(base_url=base_url, timeout=60, headers={"Authorization": f"Bearer {secret}"})
-        self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name=f"traffic-{i}", daemon=True) for i in range(clients)]
 
     def enter(self, phase: str) -> None:
         """Requests from now on began in `phase`."""
@@ -62,7 +62,8 @@ class Traffic:
         self.entered.append((phase, time.monotonic()))
 
     def start(self) -> "Traffic":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def _run(self) -> None:
@@ -90,7 +91,8 @@ class Traffic:
 
     def halt(self) -> None:
         self._stop.set()
-        self._thread.join(90)
+        for thread in self._threads:
+            thread.join(90)
         self._client.close()
 
 
