@@ -13,6 +13,7 @@ from sqlalchemy.exc import OperationalError
 
 from pipelines.eventlog import EventLogError, Fenced
 from pipelines.outage import Backoff, Readiness, is_transient, keep_running, readiness_registry
+from tests.helpers import wait_until
 
 
 @pytest.mark.parametrize("exc", [
@@ -119,3 +120,66 @@ def test_keep_running_stops_when_told_to():
 
     keep_running(step, stop, readiness=Readiness("worker"), until=lambda: bool(engine_dead))
     assert len(calls) == 2
+
+
+class _FrozenAdminTail:
+    """An admin-topic tail whose look for the end hangs until `release`, then times out."""
+
+    def __init__(self):
+        self.offsets, self.looking, self.release, self.looks = {0: 0}, threading.Event(), threading.Event(), 0
+
+    def end_offsets(self):
+        self.looks += 1
+        self.looking.set()
+        self.release.wait(10)
+        raise kerr.KafkaTimeoutError("Failed to get offsets by timestamps in 3000 ms")
+
+    def close(self):
+        pass
+
+
+class _CountingLock:
+    def __init__(self, lock):
+        self._lock, self.arrived = lock, 0
+
+    def acquire(self, timeout: float = -1) -> bool:
+        self.arrived += 1
+        return self._lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+class _FrozenLog:
+    def __init__(self, tail):
+        self._tail = tail
+
+    def tail(self, topic, offsets):
+        return self._tail
+
+
+def test_callers_waiting_for_a_look_at_a_frozen_log_fail_with_it_instead_of_queueing():
+    from pipelines.admin import RegistryView
+
+    tail = _FrozenAdminTail()
+    view = RegistryView(_FrozenLog(tail))
+    view._lock = _CountingLock(view._lock)  # noqa: SLF001
+    failures: list[BaseException] = []
+
+    def refresh():
+        try:
+            view.refresh()
+        except Exception as exc:  # noqa: BLE001 - what each caller got is the test
+            failures.append(exc)
+    first = threading.Thread(target=refresh)
+    first.start()
+    assert tail.looking.wait(10)
+    waiting = [threading.Thread(target=refresh) for _ in range(5)]
+    for thread in waiting:
+        thread.start()
+    wait_until(lambda: view._lock.arrived == 6, 10, what="five callers waiting for the look")  # noqa: SLF001
+    tail.release.set()
+    for thread in [first, *waiting]:
+        thread.join(10)
+    assert len(failures) == 6 and all(is_transient(exc) for exc in failures), failures
+    assert tail.looks == 1, "callers that waited for the failed look must not each look again"
