@@ -131,10 +131,11 @@ class _ReadyGauge(Collector):
 
 def keep_running(step: Callable[[], object], stop: threading.Event, *, readiness: Readiness,
                  recover: Callable[[], None] | None = None, backoff: Backoff | None = None,
-                 until: Callable[[], bool] | None = None) -> None:
+                 until: Callable[[], bool] | None = None, healthy: Callable[[], bool] | None = None) -> None:
     """Calls `step` until `stop` is set (or `until()` is true). A transient error marks
     `readiness` down, calls `recover` (which may fail transiently too), waits the next
-    backoff and tries again; a step that returns marks it ready. Other errors are raised."""
+    backoff and tries again; a step that returns marks it ready (if `healthy()`, where a
+    step handles failures of its own). Other errors are raised."""
     backoff = backoff or Backoff()
     while not stop.is_set() and not (until is not None and until()):
         readiness.busy_since = time.monotonic()
@@ -157,6 +158,8 @@ def keep_running(step: Callable[[], object], stop: threading.Event, *, readiness
             continue
         finally:
             readiness.busy_since = None
+        if healthy is not None and not healthy():
+            continue
         if not readiness.ready:
             readiness.up()
         backoff.reset()

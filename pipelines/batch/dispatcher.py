@@ -71,6 +71,7 @@ class BatchDispatcher:
                                       limits_for=limits_for)
         self.rejected_records = 0
         self.failed_units = 0
+        self._readiness: Readiness | None = None  # `run`'s
 
     def _apply(self, env: Envelope) -> None:
         self.book.apply(env)
@@ -121,9 +122,10 @@ class BatchDispatcher:
         except Exception as exc:
             # Nothing of this unit is committed; its records come again after a pause.
             self.failed_units += 1
-            if is_transient(exc):
-                raise  # the log or database is down: `run` waits it out
-            logger.exception("batch dispatch failed; retrying the unit")
+            if is_transient(exc) and self._readiness is not None:
+                self._readiness.down(exc)  # a service down: said once per outage, not per try
+            else:
+                logger.exception("batch dispatch failed; retrying the unit")
             self._reset()
             time.sleep(min(5.0, 0.2 * 2 ** min(self.failed_units, 5)))  # back off a failing dependency
             return 0
@@ -137,8 +139,9 @@ class BatchDispatcher:
     def run(self, stop: threading.Event, readiness: Readiness | None = None) -> None:
         """Dispatches until `stop` is set; a log that fails is waited out with backoff
         (`readiness` down meanwhile), then the book is rebuilt from the committed positions."""
-        keep_running(self.run_once, stop, readiness=readiness or Readiness("batch-dispatcher"),
-                     recover=self._recover)
+        self._readiness = readiness or Readiness("batch-dispatcher")
+        keep_running(self.run_once, stop, readiness=self._readiness, recover=self._recover,
+                     healthy=lambda: self.failed_units == 0)
 
     def _recover(self) -> None:
         self._assigned = set()  # rebuilt on the next pass, even if this seek fails
