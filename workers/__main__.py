@@ -84,11 +84,16 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
     if metrics is not None:
         metrics.follow(processor)
 
+    failed: list[BaseException] = []
+
     def admit() -> None:
         try:
             processor.run(stop, readiness)
-        except BaseException:
+        except BaseException as exc:
             logging.getLogger(__name__).exception("admission stopped")
+            print(f"ledgerlm serve worker: admission stopped on an error it cannot ride out: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            failed.append(exc)
             stop.set()
             raise
     thread = threading.Thread(target=admit, name="admission", daemon=True)
@@ -98,6 +103,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
         thread.join(30)
         processor.close()
         log.close()
+    close.failed = failed  # the process exits non-zero when admission failed
     return close
 
 
@@ -197,6 +203,8 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         log.close()
     if worker.engine_dead:  # non-zero, for its supervisor to restart it on a fresh engine
         print(f"ledgerlm serve worker: the engine died ({worker.engine_death}); exiting", file=sys.stderr)
+    if close_admission is not None and close_admission.failed and not worker.exit_code:
+        return 70  # EX_SOFTWARE: admission stopped (said on stderr), for the supervisor to restart it
     return worker.exit_code
 
 
