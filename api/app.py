@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors, openapi
+from api import errors, openapi, outage
 from api.deps import Services
 from api.body_limit import BodyLimit
 from api.server_errors import InternalErrors
@@ -22,6 +22,7 @@ from api.routes import fleet as fleet_routes, health as health_routes
 from api.stream_hub import StreamHub
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
+from pipelines.outage import Readiness, is_transient, readiness_registry
 from pipelines.tokencount import TokenCounter
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ logger = logging.getLogger(__name__)
 
 def build_services(settings: Settings) -> Services:
     platform = Bootstrap(settings)
-    log = platform.event_log()
+    # Short calls: a request that meets a broken log is answered 503 within the decision
+    # timeout, never held for the client's default 30 s (`api.outage`).
+    log = platform.event_log(timeout_s=max(1.0, settings.decision_timeout_s))
     return Services(settings=settings, log=log, registry_view=platform.registry_view(log), counter=TokenCounter(),
                     hub=StreamHub(log))
 
@@ -37,7 +40,7 @@ def build_services(settings: Settings) -> Services:
 WARM_EVERY_S = 2.0  # how often the API looks for newly approved revisions to warm
 
 
-async def _keep_tokenizers_warm(services: Services) -> None:
+async def _keep_tokenizers_warm(services: Services, readiness: Readiness) -> None:
     """Loads the tokenizer of every approved revision: those there at start, then each one
     approved later, within `WARM_EVERY_S`, so no request waits seconds for a load."""
     tried: set[str] = set()
@@ -48,21 +51,29 @@ async def _keep_tokenizers_warm(services: Services) -> None:
             if new:
                 tried.update(new)
                 await asyncio.to_thread(services.counter.warm, new)
-        except Exception:  # noqa: BLE001 - warming is an optimisation; requests load what they need
-            logger.exception("warming tokenizers failed; trying again")
+            readiness.up()
+        except Exception as exc:  # noqa: BLE001 - warming is an optimisation; requests load what they need
+            if is_transient(exc):
+                readiness.down(exc)  # said once per outage
+            else:
+                logger.exception("warming tokenizers failed; trying again")
         await asyncio.sleep(WARM_EVERY_S)
 
 
 FLEET_EVERY_S = 0.5  # how often the API reads the fleet topic: a worker that leaves is seen within this
 
 
-async def _follow_fleet(services: Services) -> None:
+async def _follow_fleet(services: Services, readiness: Readiness) -> None:
     """Keeps the fleet view current, so a request asks it without reading the log."""
     while True:
         try:
             await asyncio.to_thread(services.fleet.refresh)
-        except Exception:  # noqa: BLE001 - a request that finds no worker reads the topic itself
-            logger.exception("reading the fleet topic failed; trying again")
+            readiness.up()
+        except Exception as exc:  # noqa: BLE001 - a request that finds no worker reads the topic itself
+            if is_transient(exc):
+                readiness.down(exc)  # said once per outage
+            else:
+                logger.exception("reading the fleet topic failed; trying again")
         await asyncio.sleep(FLEET_EVERY_S)
 
 
@@ -71,23 +82,30 @@ def create_app(services: Services) -> FastAPI:
     async def lifespan(app: FastAPI):
         services.hub.start()
         warming = asyncio.get_running_loop().run_in_executor(None, services.index.warm)
-        tokenizers = asyncio.create_task(_keep_tokenizers_warm(services))
-        fleet = asyncio.create_task(_follow_fleet(services))
+        tokenizers = asyncio.create_task(_keep_tokenizers_warm(services, registry_ready))
+        fleet = asyncio.create_task(_follow_fleet(services, fleet_ready))
         try:
             yield
         finally:
             tokenizers.cancel()
             fleet.cancel()
             await services.reaper.aclose()
+            await outage.aclose()
             services.hub.stop()
             await asyncio.gather(warming, tokenizers, fleet, return_exceptions=True)
             services.close_readers()
 
+    # Whether the API's background readers reach the log (`ledgerlm_ready` at /metrics).
+    registry_ready, fleet_ready = Readiness("api-registry", stall_s=None), Readiness("api-fleet", stall_s=None)
     app = FastAPI(title="ledgerlm", lifespan=lifespan, responses=openapi.EVERY_ROUTE)
     app.state.services = services
+    hub_ready = getattr(services.hub, "readiness", None)
+    app.state.readiness = [registry_ready, fleet_ready, *([hub_ready] if hub_ready is not None else [])]
+    services.metrics.registry.register(readiness_registry(*app.state.readiness))
     errors.install(app)
     openapi.install_openapi(app)
     install_docs_access(app, services.settings.docs_access)
+    outage.install(app)
     # Outermost last: OPTIONS and the body checks come after the size limit, and an error
     # anywhere (these included) is answered in the OpenAI shape.
     app.add_middleware(TextGuard)

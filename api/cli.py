@@ -49,16 +49,11 @@ def _serve_api(settings: Settings, _: argparse.Namespace) -> int:
     return 0
 
 
-def _run_until_signal(run_once, close) -> int:
+def _stop_on_signal() -> threading.Event:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        while not stop.is_set():
-            run_once()
-    finally:
-        close()
-    return 0
+    return stop
 
 
 def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
@@ -66,16 +61,27 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
     from pipelines.bootstrap import Bootstrap
     from pipelines.capacity import QueueBound
     from pipelines.metrics import AdmissionMetrics, serve_metrics
+    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
 
     platform = Bootstrap(settings)
     log = platform.event_log()
     metrics = AdmissionMetrics()
+    readiness = Readiness("admission")
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
                                    on_written=metrics.written, lost_after_s=settings.worker_lost_after_s,
                                    queue_bound=QueueBound.from_settings(settings))
-    server = serve_metrics(settings, metrics.follow(processor).registry)
-    return _run_until_signal(processor.run_once,
-                             lambda: (processor.close(), log.close(), server and server.close()))
+    server = serve_metrics(settings, metrics.follow(processor).registry, readiness_registry(readiness))
+    stop = _stop_on_signal()
+    try:
+        processor.run(stop, readiness)  # transient log errors are waited out inside
+    except Exception as exc:
+        return exit_on_fatal("admission", exc)
+    finally:
+        processor.close()
+        log.close()
+        if server is not None:
+            server.close()
+    return 0
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:

@@ -172,16 +172,20 @@ def serve_dispatcher(settings: Settings) -> int:
     from pipelines.batch.dispatcher import dispatcher_from_settings
     from pipelines.bootstrap import Bootstrap
     from pipelines.metrics import dispatcher_metrics, serve_metrics
+    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log = Bootstrap(settings).event_log()
     dispatcher = dispatcher_from_settings(settings, log)
-    server = serve_metrics(settings, dispatcher_metrics(dispatcher))
+    readiness = Readiness("batch-dispatcher")
+    server = serve_metrics(settings, dispatcher_metrics(dispatcher), readiness_registry(readiness))
     print(json.dumps({"batch_dispatcher": "ready", "metrics_port": server and server.port}), flush=True)
     try:
-        dispatcher.run(stop)
+        dispatcher.run(stop, readiness)  # transient log errors are waited out inside
+    except Exception as exc:
+        return exit_on_fatal("batch-dispatcher", exc)
     finally:
         if server is not None:
             server.close()

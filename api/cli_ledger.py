@@ -57,14 +57,18 @@ def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     from pipelines.audit.seal import Sealer
     from pipelines.metrics import projector_metrics, serve_metrics
+    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
 
+    readiness = Readiness("projector", stall_s=None)  # a long catch-up is work, not a stall
     with Bootstrap(settings).event_log() as log:
         runner, engine = _runner(settings, log)
-        server = serve_metrics(settings, projector_metrics(runner))
+        server = serve_metrics(settings, projector_metrics(runner), readiness_registry(readiness))
         sealer = Sealer(engine, _signer(settings), settings.audit_seal_every_s).start()
         print(json.dumps({"projector": "ready", "metrics_port": server and server.port}), flush=True)
         try:
-            runner.run(stop)
+            runner.run(stop, readiness=readiness)  # transient log and database errors are waited out inside
+        except Exception as exc:
+            return exit_on_fatal("projector", exc)
         finally:
             sealer.stop()  # seals the heads once more: the trail ends signed
             if server is not None:

@@ -16,6 +16,7 @@ from fastapi import Request
 
 from api.deps import Services
 from api.disconnect import unless_gone
+from api import outage
 from api.errors import ApiError, ClientGone, rejection_error
 from api.request_stream import RequestStream, StreamTimeout
 from api.stream_hub import StreamEvent
@@ -70,11 +71,14 @@ def _key_reused() -> ApiError:
 async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
                            body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
     t0 = time.monotonic()
+    # By then admission must have decided (reading the log for ids included): 503 otherwise.
+    decide_by = t0 + svc.settings.decision_timeout_s
     tenant_id = principal.tenant_id
     try:
-        identified = await asyncio.to_thread(
+        identified = await outage.within(asyncio.ensure_future(asyncio.to_thread(
             idempotency.identify, cmd, tenant_id=tenant_id, body=body, idempotency_key=idempotency_key,
-            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc), digests=svc.digests)
+            id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc),
+            digests=svc.digests)), decide_by, "The event log")
     except idempotency.KeyReused:
         raise _key_reused() from None
     except idempotency.RequestIdInUse as exc:
@@ -89,28 +93,62 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     sub = hub.subscribe(tenant_id, cmd.request_id)  # before submitting: no event can slip past
     tracker = svc.metrics.track(tenant_id, pool_of(cmd.priority), t0)
     stream = RequestStream(sub, after=start - 1, on_event=tracker.on_event, on_close=tracker.close)
+    submitting = asyncio.ensure_future(asyncio.to_thread(
+        submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
+        counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
+        fleet=svc.fleet, digests=svc.digests))
     try:
-        submitted = await asyncio.to_thread(
-            submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
-            counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
-            fleet=svc.fleet, digests=svc.digests)
+        try:
+            submitted = await outage.within(submitting, decide_by, "The event log")
+        except ApiError:  # it may reach the log later all the same
+            outage.abandon(svc, tenant_id, cmd.request_id, submitting)
+            raise
         if cmd.idempotency_key_sha256 is not None:
             other = await _after_key_race(svc, stream, submitted)
             if other is not None:
                 stream.close()
                 return await replay_generation(svc, tenant_id, other, request=request)
         wait_s = _wait_s(svc, submitted.request.deadline_at)
-        first = await unless_gone(stream.next(wait_s), request)
+        first = await unless_gone(_first_event(svc, stream, decide_by, wait_s), request)
     except ClientGone:
         svc.reaper.client_gone(stream)
         raise
     except StreamTimeout:
         svc.reaper.client_gone(stream)  # nobody will wait for it any more
         raise ApiError(504, "The generation did not start before its deadline", code="timeout") from None
+    except _Undecided:
+        stream.close()
+        outage.abandon(svc, tenant_id, cmd.request_id)
+        raise outage.admission_timeout(svc.settings.decision_timeout_s) from None
     except BaseException:
         stream.close()
         raise
     return _admitted(stream, first, wait_s, replayed=False)
+
+
+class _Undecided(Exception):
+    """Admission has not decided the request by the decision timeout."""
+
+
+DECIDED_LOOKUP_S = 2.0  # the most the look at the log for a decision may add to the decision timeout
+
+
+async def _first_event(svc: Services, stream: RequestStream, decide_by: float, wait_s: float) -> StreamEvent:
+    """The request's first stream event. Admitted work may queue for long before a worker
+    starts it, so when none came by `decide_by`, the log is asked whether admission decided:
+    if it did, waiting goes on (up to `wait_s` in all); if not, `_Undecided`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + wait_s
+    try:
+        return await stream.next(max(0.0, decide_by - time.monotonic()))
+    except StreamTimeout:
+        pass
+    if not await outage.decided(svc, stream.tenant_id, stream.request_id, timeout_s=DECIDED_LOOKUP_S):
+        try:
+            return await stream.next(0.05)  # it may have come while the log was asked
+        except StreamTimeout:
+            raise _Undecided() from None
+    return await stream.next(max(0.0, until - loop.time()))
 
 
 async def _after_key_race(svc: Services, stream: RequestStream, submitted: Submitted) -> str | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from models import topics
 from models.events import Envelope, EventDecodeError, decode
 from pipelines.eventlog import EventLog
+from pipelines.outage import Readiness, is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class StreamHub:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tail = None
+        self.readiness = Readiness("api-stream", stall_s=None)  # whether the stream topic is being followed
         self._positions: dict[int, int] = {}
         self.partitions = 0
 
@@ -96,10 +98,15 @@ class StreamHub:
         while not self._stop.is_set():
             try:
                 records = self._tail.poll(max_records=1000, timeout_s=self._idle_wait_s)
-            except Exception:  # a log hiccup must not end streaming for the process
-                logger.exception("stream follower failed to read; retrying")
+            except Exception as exc:  # a log hiccup must not end streaming for the process
+                if is_transient(exc):
+                    self.readiness.down(exc)  # said once per outage
+                else:
+                    logger.exception("stream follower failed to read; retrying")
                 self._stop.wait(0.5)
                 continue
+            if not self.readiness.ready:
+                self.readiness.up()
             batches: dict[Subscription, list[StreamEvent]] = {}
             for record in records:
                 for sub, event in self._route(record):

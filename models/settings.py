@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     admission_queued_per_slot: float = Field(default=4.0, gt=0)
     admission_queued_floor: int = Field(default=512, ge=0)
     default_deadline_ms: int = 120_000
+    # How long the API waits for admission's decision on a request (and for the log) before
+    # answering 503 `admission_timeout` / `log_unavailable` with Retry-After; a request
+    # appended meanwhile is cancelled, so a reservation made for it later is released.
+    decision_timeout_s: float = Field(default=5.0, gt=0)
 
     @model_validator(mode="after")
     def _embedded_defaults(self) -> "Settings":

@@ -49,6 +49,7 @@ class RegistryView:
     asked sees everything written before it asked."""
 
     CATCH_UP_S = 30.0  # the most a refresh waits for records it knows are there
+    LOCK_WAIT_S = 10.0  # the most a refresh waits for the look under way (a log that does not answer)
 
     def __init__(self, log: EventLog):
         self._log = log
@@ -56,20 +57,34 @@ class RegistryView:
         self._lock = threading.Lock()
         self._tail: Tail | None = None
         self._current_since = float("-inf")  # when the last completed query began (monotonic)
+        self._failed_at = float("-inf")  # when the last query failed (monotonic)
+        self._failure: BaseException | None = None
         self.registry = Registry()
         self.checks = 0  # times it asked the log for the admin topic's end
 
     def refresh(self, timeout_s: float = 0.0) -> Registry:
         """Applies every admin event written before the call; with `timeout_s`, first waits
-        up to that long for a new one if there is none."""
+        up to that long for a new one if there is none. While the log does not answer, callers
+        do not queue for a look each: one that waited for a look that failed fails with it
+        (TimeoutError), as does one that waits longer than `LOCK_WAIT_S` for its turn."""
         asked = time.monotonic()
-        with self._lock:
+        if not self._lock.acquire(timeout=self.LOCK_WAIT_S):
+            raise TimeoutError(f"admin topic: a look under way for over {self.LOCK_WAIT_S} s")
+        try:
             if not timeout_s and self._current_since > asked:
                 return self.registry  # a query that began after this call covered it
+            if self._failed_at > asked:  # it waited for a look that failed meanwhile
+                raise TimeoutError(f"admin topic: the look under way failed ({self._failure!r})")
             began = time.monotonic()
-            registry = self._catch_up(timeout_s)
+            try:
+                registry = self._catch_up(timeout_s)
+            except Exception as exc:
+                self._failed_at, self._failure = time.monotonic(), exc
+                raise
             self._current_since = began
             return registry
+        finally:
+            self._lock.release()
 
     def _catch_up(self, timeout_s: float) -> Registry:
         if self._tail is None:

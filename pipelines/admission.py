@@ -52,6 +52,7 @@ from pipelines.capacity import CapacityBook, QueueBound, key_of
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
+from pipelines.outage import Readiness, is_transient, keep_running
 from pipelines.routing import Outputs, to_outputs
 from pipelines.suspension import SuspensionSweep
 
@@ -467,14 +468,25 @@ class AdmissionProcessor:
             if self._on_written is not None:
                 self._on_written(outputs)
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.run_once()
+    def run(self, stop: threading.Event, readiness: Readiness | None = None) -> None:
+        """Decides until `stop` is set. A log that fails (broker down or frozen) is waited out
+        with backoff, `readiness` down meanwhile; the book is rebuilt once it answers again."""
+        keep_running(self.run_once, stop, readiness=readiness or Readiness("admission"), recover=self.recover)
+
+    def recover(self) -> None:
+        """After a unit failed on a transient error, wherever it failed: nothing it decided
+        was written, so decide nothing on this book; the next `run_once` reads the inputs
+        again from the committed positions and rebuilds the book from the ledger."""
+        self._resolve_takings(False)
+        self.owned = None
+        self._forget_unwritten()
 
     def close(self) -> None:
         try:
             self.flush()
-        except (Fenced, EventLogError) as exc:  # read and settled again by the next owner
+        except Exception as exc:  # read and settled again by the next owner
+            if not isinstance(exc, (Fenced, EventLogError)) and not is_transient(exc):
+                raise
             logger.warning("admission closing with settlements unwritten (%r)", exc)
         if self.fleet is not None:
             self.fleet.close()

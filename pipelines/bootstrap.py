@@ -32,14 +32,20 @@ def topic_specs() -> list[TopicSpec]:
 class Bootstrap:
     settings: Settings
 
-    def event_log(self, *, create_topics: bool = True) -> EventLog:
+    def event_log(self, *, create_topics: bool = True, timeout_s: float | None = None) -> EventLog:
         """A new handle on the log `event_log_url` names (kafka://, sqlite:///), inside
-        `event_log_namespace`. With `create_topics`, missing topics are made first."""
+        `event_log_namespace`. With `create_topics`, missing topics are made first.
+        `timeout_s`: the longest one call to Kafka may wait (the API's is short, so a
+        request meets an outage as a prompt 503); the adapter's default otherwise."""
         settings = self.settings
         if settings.event_log_url.startswith("sqlite:///"):
             settings.ensure_home()
-        kafka = settings.event_log_url.startswith("kafka://")
-        log = open_event_log(settings.event_log_url, **({"security": kafka_security(settings)} if kafka else {}))
+        options: dict = {}
+        if settings.event_log_url.startswith("kafka://"):
+            options["security"] = kafka_security(settings)
+            if timeout_s:
+                options["timeout_s"] = timeout_s
+        log = open_event_log(settings.event_log_url, **options)
         if settings.event_log_namespace:
             log = NamespacedEventLog(log, settings.event_log_namespace)
         if create_topics:

@@ -65,11 +65,13 @@ def place_beside_engine(settings: Settings, engine) -> set[int] | None:
     return cpus
 
 
-def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None) -> Callable[[], None]:
+def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None,
+                 readiness=None) -> Callable[[], None]:
     """Runs admission on a thread of this process, on its own log handle, handing what can
     start at once straight to `worker` (`serve worker --admit`); returns how to close it
-    once `stop` is set. If admission fails, it sets `stop`: the process goes down with it,
-    for its supervisor to restart. `metrics` (an `AdmissionMetrics`) counts what it decides."""
+    once `stop` is set. A log that fails is waited out (`readiness`, a `Readiness`, down
+    meanwhile); any other failure sets `stop`: the process goes down with it, for its
+    supervisor to restart. `metrics` (an `AdmissionMetrics`) counts what it decides."""
     from datetime import timedelta
 
     from pipelines.admission import AdmissionProcessor
@@ -85,11 +87,16 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
     if metrics is not None:
         metrics.follow(processor)
 
+    failed: list[BaseException] = []
+
     def admit() -> None:
         try:
-            processor.run(stop)
-        except BaseException:
+            processor.run(stop, readiness)
+        except BaseException as exc:
             logging.getLogger(__name__).exception("admission stopped")
+            print(f"ledgerlm serve worker: admission stopped on an error it cannot ride out: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            failed.append(exc)
             stop.set()
             raise
     thread = threading.Thread(target=admit, name="admission", daemon=True)
@@ -99,6 +106,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
         thread.join(30)
         processor.close()
         log.close()
+    close.failed = failed  # the process exits non-zero when admission failed
     return close
 
 
@@ -153,6 +161,7 @@ def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, 
 def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
                  alias: str | None = None) -> int:
     from pipelines.metrics import AdmissionMetrics, serve_metrics
+    from pipelines.outage import Readiness, readiness_registry
     from workers.engine_runner import EngineRunner
     from workers.metrics import worker_metrics
 
@@ -168,11 +177,15 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         started = start_worker(platform, settings, log, runner, serving, pool)
         worker = started.worker
         admission_metrics = AdmissionMetrics() if settings.worker_admits else None
-        # Ready while its engine lives (engine_watch marks it dead); the API's /readyz covers log and database.
+        readiness = Readiness("worker")
+        admission_ready = Readiness("admission") if settings.worker_admits else None
         server = serve_metrics(settings, worker_metrics(worker),
+                               readiness_registry(readiness, *([admission_ready] if admission_ready else [])),
                                *([admission_metrics.registry] if admission_metrics else []),
-                               ready=lambda: {"engine": not worker.engine_dead})
-        close_admission = admit_beside(worker, settings, stop, admission_metrics) if settings.worker_admits else None
+                               # /readyz: its engine lives (engine_watch marks it dead) and its log answers.
+                               ready=lambda: {"engine": not worker.engine_dead, "log": readiness.serving})
+        close_admission = (admit_beside(worker, settings, stop, admission_metrics, admission_ready)
+                           if settings.worker_admits else None)
         worker.join()
         print(json.dumps({"worker": worker.worker_id, "ready": not worker.engine_dead,
                           "admits": close_admission is not None, "metrics_port": server and server.port,
@@ -181,7 +194,11 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
                           "engine_cpus": format_cpu_list(started.engine_cpus) if started.engine_cpus else None}),
               flush=True)
         try:
-            worker.run(stop)
+            worker.run(stop, readiness)  # transient log errors are waited out inside
+        except Exception as exc:
+            print(f"ledgerlm serve worker: stopping on an error it cannot ride out: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            raise
         finally:
             stop.set()
             for close in (close_admission, worker.close, started.cancel_log.close, server and server.close):
@@ -192,6 +209,8 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
         log.close()
     if worker.engine_dead:  # non-zero, for its supervisor to restart it on a fresh engine
         print(f"ledgerlm serve worker: the engine died ({worker.engine_death}); exiting", file=sys.stderr)
+    if close_admission is not None and close_admission.failed and not worker.exit_code:
+        return 70  # EX_SOFTWARE: admission stopped (said on stderr), for the supervisor to restart it
     return worker.exit_code
 
 

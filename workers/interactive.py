@@ -62,6 +62,7 @@ from models.topics import Topic
 from pipelines.admission import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, Message, Record, TopicPartition, TopicSpec
 from pipelines.idle_positions import IdlePositions
+from pipelines.outage import Readiness, keep_running
 from pipelines.routing import beside, publish, to_outputs
 from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
@@ -473,10 +474,17 @@ class InteractiveWorker:
             with self._slots_lock:
                 self._slots.finished(item.tenant_id)
 
-    def run(self, stop: threading.Event) -> None:
-        """Serves until `stop` is set or its engine dies (`exit_code` then says so)."""
-        while not stop.is_set() and not self.engine_dead:
-            self.run_once()
+    def run(self, stop: threading.Event, readiness: Readiness | None = None) -> None:
+        """Serves until `stop` is set or its engine dies (`exit_code` then says so). A log
+        that fails is waited out with backoff (`readiness` down meanwhile); running
+        generations go on, and reading starts again from the committed positions."""
+        keep_running(self.run_once, stop, readiness=readiness or Readiness("worker"), recover=self.recover,
+                     until=lambda: self.engine_dead)
+
+    def recover(self) -> None:
+        """After a transient failure anywhere in `run_once`: what was read ahead is
+        forgotten; the next look seeks to the committed positions and reads from there."""
+        self._assigned = None
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Lets running generations finish; queued ones stay uncommitted for the next owner.

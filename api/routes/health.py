@@ -2,7 +2,8 @@
 
 `GET /healthz` and `GET /health` (vLLM's and load tools' name): the process serves HTTP.
 `GET /readyz`: it can do its work, i.e. the event log and the projection database answer,
-each within `CHECK_S`; 503 with what failed until then. It holds no tenant data.
+each within `CHECK_S`, and its background readers of the log are not riding out an
+outage (`pipelines.outage.Readiness`); 503 with what failed until then. It holds no tenant data.
 """
 from __future__ import annotations
 
@@ -58,5 +59,8 @@ class Readiness(BaseModel):
 async def ready(request: Request, svc: ServicesDep):
     checks = dict(await asyncio.gather(_check("event_log", _log_answers, svc),
                                        _check("database", _database_answers, request)))
+    # The background readers (registry, fleet, streams) say whether they reach the log too.
+    for component in getattr(request.app.state, "readiness", ()):
+        checks[component.component] = component.serving
     ok = all(checks.values())
     return JSONResponse({"status": "ready" if ok else "not_ready", "checks": checks}, status_code=200 if ok else 503)

@@ -30,6 +30,7 @@ from pipelines.batch.queue import ChunkQueue
 from pipelines.batch.reconcile import DispatchOptions, Reconciler
 from pipelines.eventlog import EventLog, Fenced
 from pipelines.objectstore import ObjectStore
+from pipelines.outage import Readiness, is_transient, keep_running
 from pipelines.routing import to_outputs
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class BatchDispatcher:
                                       limits_for=limits_for)
         self.rejected_records = 0
         self.failed_units = 0
+        self._readiness: Readiness | None = None  # `run`'s
 
     def _apply(self, env: Envelope) -> None:
         self.book.apply(env)
@@ -117,10 +119,13 @@ class BatchDispatcher:
         except Fenced:
             logger.info("batch partitions moved; rebuilding from the log")
             self._reset()
-        except Exception:
+        except Exception as exc:
             # Nothing of this unit is committed; its records come again after a pause.
-            logger.exception("batch dispatch failed; retrying the unit")
             self.failed_units += 1
+            if is_transient(exc) and self._readiness is not None:
+                self._readiness.down(exc)  # a service down: said once per outage, not per try
+            else:
+                logger.exception("batch dispatch failed; retrying the unit")
             self._reset()
             time.sleep(min(5.0, 0.2 * 2 ** min(self.failed_units, 5)))  # back off a failing dependency
             return 0
@@ -131,9 +136,16 @@ class BatchDispatcher:
         self._consumer.seek_to_committed()
         self._assigned = set()  # forces a rebuild on the next pass
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.run_once()
+    def run(self, stop: threading.Event, readiness: Readiness | None = None) -> None:
+        """Dispatches until `stop` is set; a log that fails is waited out with backoff
+        (`readiness` down meanwhile), then the book is rebuilt from the committed positions."""
+        self._readiness = readiness or Readiness("batch-dispatcher")
+        keep_running(self.run_once, stop, readiness=self._readiness, recover=self._recover,
+                     healthy=lambda: self.failed_units == 0)
+
+    def _recover(self) -> None:
+        self._assigned = set()  # rebuilt on the next pass, even if this seek fails
+        self._consumer.seek_to_committed()
 
     def close(self) -> None:
         self._consumer.close()

@@ -22,6 +22,7 @@ from pipelines.eventlog.kafka_groups import KafkaGroupConsumer, to_record
 
 _TOPIC_ALREADY_EXISTS = kerr.TopicAlreadyExistsError.errno
 _UNKNOWN_TOPIC = kerr.UnknownTopicOrPartitionError.errno
+RECONNECT_BACKOFF_MAX_MS = 1000
 
 
 class KafkaEventLog(EventLog):
@@ -43,8 +44,10 @@ class KafkaEventLog(EventLog):
         self._client_id = client_id
         ms = int(timeout_s * 1000)
         # `security`: SASL and TLS options (pipelines.kafka_security), for every client it makes.
+        # Reconnects back off to 1 s at most (the Java client's default; kafka-python's is 30 s),
+        # so every client is back within a second of a broker that returns from an outage.
         self._common = dict(bootstrap_servers=servers, request_timeout_ms=ms, bootstrap_timeout_ms=ms,
-                            **(security or {}))
+                            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS, **(security or {}))
         self._group_options = dict(group_options or {})
         self._producer_options = dict(producer_options or {})
         try:

@@ -29,6 +29,9 @@ FENCING_ERRORS = (
     kerr.FencedInstanceIdError, kerr.ProducerFencedError, kerr.InvalidProducerEpochError,
 )
 ZOMBIE_ERRORS = (kerr.ProducerFencedError, kerr.InvalidProducerEpochError)
+# The broker unreachable or silent: the transaction's outcome is unknown to this producer.
+UNREACHABLE_ERRORS = (kerr.KafkaTimeoutError, kerr.KafkaConnectionError,
+                      kerr.RequestTimedOutError, kerr.NodeNotReadyError)
 
 
 def to_record(r) -> Record:
@@ -229,14 +232,28 @@ class KafkaGroupConsumer(GroupConsumer):
     def _abort(self, producer: KafkaProducer, cause: BaseException) -> None:
         if isinstance(cause, ZOMBIE_ERRORS):
             self._zombie = True
+        if isinstance(cause, UNREACHABLE_ERRORS):
+            # The broker did not answer in time: an abort would wait as long again, and the
+            # transaction's state is unknown. The next producer's init_transactions (same
+            # transactional id) aborts it, or finds it committed, once the broker is back.
+            self.drop_producer(f"after {cause!r}")
+            return
         try:
             run_txn_step(producer, "begin_abort", timeout_s=self._timeout_s)
         except Exception as exc:
             # A producer that cannot abort is dropped; the next one's init_transactions
             # aborts the open transaction (or the zombie flag stops us from making one).
-            logger.info("dropping transactional producer of %s after %r (abort failed: %r)", self.member_id, cause, exc)
-            self._producer = None
-            producer.close(timeout=0)
+            self.drop_producer(f"after {cause!r} (abort failed: {exc!r})")
+
+    def drop_producer(self, why: str) -> None:
+        """Closes the transactional producer without waiting; the next unit opens a new one."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            logger.info("dropping transactional producer of %s %s", self.member_id, why)
+            try:
+                producer.close(timeout=0)
+            except Exception as exc:  # closing a producer cut off from its broker: nothing to keep
+                logger.info("closing the dropped producer of %s failed: %r", self.member_id, exc)
 
     def _fence(self, why: str, cause: BaseException | None = None) -> None:
         try:

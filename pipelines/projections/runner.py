@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, select
 
 from models import tables, topics
 from pipelines.eventlog import EventLog, Record, UnknownTopic
+from pipelines.outage import Readiness, is_transient, keep_running
 from pipelines.projections.base import Event, Projection, parse_record, schema_versions
 from pipelines.projections.sql import upsert
 
@@ -236,22 +237,34 @@ class ProjectionRunner:
     def _reached(positions: dict[str, dict[TP, int]], ends: dict[TP, int]) -> bool:
         return all(pos >= ends.get(tp, 0) for p in positions.values() for tp, pos in p.items())
 
-    def run(self, stop: threading.Event, *, idle_s: float = 0.5, lag_every_s: float = 30.0) -> None:
-        """Keeps projections up to date until `stop` is set; a failed batch is retried."""
-        last_report = time.monotonic()
-        while not stop.is_set():
+    def run(self, stop: threading.Event, *, idle_s: float = 0.5, lag_every_s: float = 30.0,
+            readiness: Readiness | None = None) -> None:
+        """Keeps projections up to date until `stop` is set; a failed batch is retried. A
+        log or database that fails is waited out with backoff (`readiness` down meanwhile),
+        from the positions stored in the database."""
+        last_report = [time.monotonic()]
+
+        def step() -> None:
             try:
                 applied = self.run_until_caught_up(stop=stop)
             except PositionsMoved as exc:
                 logger.warning("%s", exc)
                 applied = 0
-            except Exception:
+            except Exception as exc:
+                if is_transient(exc):
+                    raise  # waited out by `keep_running`
                 logger.exception("projection batch failed; retrying from the stored positions")
                 stop.wait(1.0)
-                continue
-            if time.monotonic() - last_report > lag_every_s:
-                last_report = time.monotonic()
+                return
+            if time.monotonic() - last_report[0] > lag_every_s:
+                last_report[0] = time.monotonic()
                 behind = sum(lag.records for lag in self.lag())
                 logger.info("projections: %d events applied, %d records behind", self.events_applied, behind)
             if applied == 0:
                 stop.wait(idle_s)  # caught up: poll the log again shortly
+
+        keep_running(step, stop, readiness=readiness or Readiness("projector"), recover=self._forget_positions)
+
+    def _forget_positions(self) -> None:
+        """Positions and projection state are read from the database again before the next batch."""
+        self._positions = None

@@ -29,6 +29,14 @@ class CountingLock:
     def __exit__(self, *exc):
         return self._lock.__exit__(*exc)
 
+    def acquire(self, timeout: float = -1) -> bool:
+        with self._count_lock:
+            self.arrived += 1
+        return self._lock.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
 
 @dataclass
 class Views:
