@@ -103,7 +103,8 @@ def test_a_concurrency_sweep_finds_the_knee_where_the_server_saturates():
     assert result["knee"] == 1 and steps[1]["concurrency"] == 2
     assert result["knee_reason"] == "throughput stopped rising at step 2"
     assert steps[1]["requests_per_s"] == pytest.approx(5, rel=0.15)
-    assert steps[0]["requests_per_s"] == pytest.approx(2.5, rel=0.15)
+    # One at a time: 2.5 a second at most; a loaded host's round trips only take from it.
+    assert 2.5 * 0.6 <= steps[0]["requests_per_s"] <= 2.5 * 1.1
     # Past the knee the extra requests only wait for a slot.
     assert steps[2]["ttft_ms"]["p50"] > steps[1]["ttft_ms"]["p50"] + 200
 

@@ -40,7 +40,7 @@ STOPPED_S = 10.0
 RECOVER_S = 90.0
 ENVIRONMENT = {"LEDGERLM_ENGINE_FACTORY": "tests.slow_engine:SlowEngine.from_settings", "LEDGERLM_CPUS": "all",
                "LEDGERLM_TEST_TOKEN_PAUSE_S": "0.01", "LEDGERLM_DECISION_TIMEOUT_S": str(DECISION_S),
-               "LEDGERLM_GRACE_S": "5"}
+               "LEDGERLM_GRACE_S": "5", "LEDGERLM_AUDIT_SIGNING_KEY": "outage-test-signing-key"}
 OUTAGE_CODES = {"log_unavailable", "admission_timeout", "no_capacity"}
 
 

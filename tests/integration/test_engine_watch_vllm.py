@@ -75,8 +75,8 @@ def test_a_worker_whose_engine_core_is_killed_fails_its_running_work_and_its_que
         served = fleet.serve(doomed)
         fleet.loop(healthy)
         wait_until(lambda: one_assignment_each(doomed, healthy), 60, what="the two workers to split the work topic")
-        tenant = fleet.tenant(on=doomed._assigned)  # noqa: SLF001
-        request_ids = [f"v{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+        tenant = fleet.tenant()
+        request_ids = fleet.request_ids(doomed._assigned, 3)  # noqa: SLF001 - work is keyed by request
         for request_id in request_ids:
             fleet.request(tenant, request_id, max_output_tokens=400)
         wait_until(lambda: len(starts_by(fleet, doomed.worker_id)) == 2 and doomed.queued == 1, 120,
