@@ -71,8 +71,9 @@ def _key_reused() -> ApiError:
 async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
                            body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
     t0 = time.monotonic()
+    await _tokenizer_loaded(svc, principal, cmd)
     # By then admission must have decided (reading the log for ids included): 503 otherwise.
-    decide_by = t0 + svc.settings.decision_timeout_s
+    decide_by = time.monotonic() + svc.settings.decision_timeout_s
     tenant_id = principal.tenant_id
     try:
         identified = await outage.within(asyncio.ensure_future(asyncio.to_thread(
@@ -124,6 +125,15 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
         stream.close()
         raise
     return _admitted(stream, first, wait_s, replayed=False)
+
+
+async def _tokenizer_loaded(svc: Services, principal: Principal, cmd: SubmitGeneration) -> None:
+    """Loads the model's tokenizer, if this is its first request here, before the decision
+    bound starts: a first load takes seconds of CPU (more on a busy host), which is neither
+    the log's wait nor admission's. A path that fails is reported by the submission."""
+    revision = svc.registry_view.registry.resolve_alias(cmd.model_alias, principal.tenant_id)
+    if revision is not None and not svc.counter.loaded(revision.model_path):
+        await asyncio.to_thread(svc.counter.warm, [revision.model_path])
 
 
 class _Undecided(Exception):

@@ -16,6 +16,11 @@ class TokenizerUnavailable(OSError):
 class TokenCounter:
     def __init__(self):
         self._lock = threading.Lock()
+        self._ready: set[str] = set()  # paths whose tokenizer has loaded
+
+    def loaded(self, model_path: str) -> bool:
+        """Whether that tokenizer is loaded (counting with it costs no load)."""
+        return model_path in self._ready
 
     @staticmethod
     @lru_cache(maxsize=16)
@@ -34,6 +39,7 @@ class TokenCounter:
             try:
                 with self._lock:
                     self._tokenizer(path)
+                self._ready.add(path)
                 loaded += 1
             except Exception as exc:  # noqa: BLE001 - a revision whose files are gone must not stop the API
                 logger.warning("tokenizer of %s not loaded at start: %s", path, exc)
@@ -43,9 +49,11 @@ class TokenCounter:
         """The tokenizer (call with the lock held); `TokenizerUnavailable` when it cannot be
         loaded (files gone, a path that names nothing)."""
         try:
-            return self._tokenizer(model_path)
+            tokenizer = self._tokenizer(model_path)
         except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, HF errors...
             raise TokenizerUnavailable(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        self._ready.add(model_path)
+        return tokenizer
 
     def count(self, model_path: str, text: str) -> int:
         with self._lock:  # HF fast tokenizers are not safe to share across threads mid-call

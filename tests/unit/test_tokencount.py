@@ -27,13 +27,19 @@ def tiny(tmp_path_factory):
 def test_warm_loads_each_tokenizer_once_and_counting_then_loads_nothing(tiny, tmp_path):
     counter = TokenCounter()
     before = TokenCounter._tokenizer.cache_info()
+    assert not counter.loaded(tiny)
     assert counter.warm([tiny, tiny, str(tmp_path / "no-such-model")]) == 1, "the missing one is reported, not raised"
+    assert counter.loaded(tiny) and not counter.loaded(str(tmp_path / "no-such-model"))
     after = TokenCounter._tokenizer.cache_info()
     assert after.misses - before.misses == 2  # the tiny model and the missing path, each tried once
     assert counter.count(tiny, "hello there") > 0
     assert TokenCounter._tokenizer.cache_info().misses == after.misses, "counting after warming loaded again"
     with pytest.raises(OSError):  # the request that needs the missing one gets the error
         counter.count(str(tmp_path / "no-such-model"), "hi")
+    assert not counter.loaded(str(tmp_path / "no-such-model"))
+    fresh = TokenCounter()
+    fresh.count(tiny, "hi")
+    assert fresh.loaded(tiny), "counting loads it too"
 
 
 class RecordingCounter(TokenCounter):
