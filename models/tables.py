@@ -217,16 +217,24 @@ audit_trail = Table(
     Index("ix_audit_trail_tenant_occurred", "tenant_id", "occurred_at"),
 )
 
+
+def _signed_head() -> list[Column]:
+    """A chain head of one partition and its signature (new Column objects per table)."""
+    return [
+        Column("topic", String(200), nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("seq", BigInteger, nullable=False),
+        Column("offset", BigInteger, nullable=False),
+        Column("link", LargeBinary(32), nullable=False),
+        Column("key_id", String(32), nullable=False),
+        Column("signature", String(200), nullable=False),
+    ]
+
+
 # Signed chain heads, one every N records of a partition.
 audit_checkpoints = Table(
     "audit_checkpoints", metadata,
-    Column("topic", String(200), nullable=False),
-    Column("partition", Integer, nullable=False),
-    Column("seq", BigInteger, nullable=False),
-    Column("offset", BigInteger, nullable=False),
-    Column("link", LargeBinary(32), nullable=False),
-    Column("key_id", String(32), nullable=False),
-    Column("signature", String(200), nullable=False),
+    *_signed_head(),
     PrimaryKeyConstraint("topic", "partition", "seq"),
 )
 
@@ -236,13 +244,7 @@ audit_checkpoints = Table(
 # neither makes nor compares them; `audit verify` checks them as it checks checkpoints.
 audit_seals = Table(
     "audit_seals", metadata,
-    Column("topic", String(200), nullable=False),
-    Column("partition", Integer, nullable=False),
-    Column("seq", BigInteger, nullable=False),
-    Column("offset", BigInteger, nullable=False),
-    Column("link", LargeBinary(32), nullable=False),
-    Column("key_id", String(32), nullable=False),
-    Column("signature", String(200), nullable=False),
+    *_signed_head(),
     Column("sealed_at", DateTime(timezone=True), nullable=False),
     PrimaryKeyConstraint("topic", "partition", "seq"),
 )

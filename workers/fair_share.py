@@ -32,7 +32,7 @@ class Item(Generic[T]):
     tenant_id: str
     priority: str
     tokens: int
-    value: T  # what is queued (a pool worker queues `workers.interactive.QueuedWork`)
+    value: T  # what is queued (a pool worker queues `workers.queued_work.QueuedWork`)
     dropped: bool = False  # taken elsewhere meanwhile: skipped, never started
     weight: float = 1.0  # its tenant's fair-share weight, as admitted
 

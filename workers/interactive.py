@@ -50,7 +50,6 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
-from typing import NamedTuple
 
 from models import topics
 from models.digests import TenantDigests
@@ -60,7 +59,7 @@ from models.events_generation import (
 )
 from models.topics import Topic
 from pipelines.admission import Taking
-from pipelines.eventlog import EventLog, EventLogError, Fenced, Message, Record, TopicPartition, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, Message, Record, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.outage import Readiness, keep_running
 from pipelines.routing import beside, publish, to_outputs
@@ -70,6 +69,7 @@ from workers.engine_runner import EngineRunner
 from workers.engine_watch import EXIT_ENGINE_DEAD, EngineWatch, WatchedEngine
 from workers.fair_share import FairQueue, Headroom, Item
 from workers.generation import PRIORITY, fetch_prompt, serve_generation
+from workers.queued_work import QueuedWork, WorkItem, engine_capacity
 from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
 from workers.worker_presence import worker_presence
@@ -78,34 +78,8 @@ logger = logging.getLogger(__name__)
 Writes = list[tuple[str, Message]]  # what one take commits: (topic name, message)
 
 
-class QueuedWork(NamedTuple):
-    """What a queued `Item` holds: the work's `GenerationQueued` and where it was read
-    (offset -1 for work offered by admission, which was never on a work topic)."""
-
-    topic: str
-    partition: int
-    offset: int
-    queued: Envelope
-
-    @property
-    def topic_partition(self) -> TopicPartition:
-        return self.topic, self.partition
-
-    @property
-    def request_id(self) -> str:
-        return self.queued.payload.request.request_id
-
-
-WorkItem = Item[QueuedWork]
-
-
 def _ms_since(start: datetime, now: datetime) -> int:
     return max(0, int((now - start).total_seconds() * 1000))
-
-
-def engine_capacity(engine: InferenceEngine, default: int = 8) -> int:
-    """Sequences the engine runs at once (vLLM's max_num_seqs)."""
-    return getattr(getattr(engine, "config", None), "max_num_seqs", None) or default
 
 
 class InteractiveWorker:

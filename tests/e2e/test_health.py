@@ -4,19 +4,10 @@ and 200 once everything does."""
 from __future__ import annotations
 
 import httpx
-import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine
 
 from pipelines.metrics import MetricsServer
-from tests.e2e.api_alone import ApiAlone
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory, tiny_model_dir):
-    alone = ApiAlone(tmp_path_factory.mktemp("api-health"), tiny_model_dir)
-    yield alone
-    alone.close()
 
 
 def test_health_and_readiness_of_the_api(api):

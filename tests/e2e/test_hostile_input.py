@@ -8,19 +8,12 @@ import json
 import pytest
 
 from models import topics
-from tests.e2e.api_alone import MODEL_ALIAS, ApiAlone
+from tests.e2e.api_alone import MODEL_ALIAS
 
 CHAT = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 TEXT = {"model": MODEL_ALIAS, "prompt": "x", "max_tokens": 2}
 GEN = {"model_alias": MODEL_ALIAS, "input": "x", "max_output_tokens": 2, "stream": False}
 LONE = "\udfff"
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory, tiny_model_dir):
-    alone = ApiAlone(tmp_path_factory.mktemp("api-alone"), tiny_model_dir)
-    yield alone
-    alone.close()
 
 
 def post(client, path: str, body, headers=None):

@@ -89,6 +89,13 @@ class Traffic:
     def succeeded_in(self, phase: str) -> bool:
         return any(r["phase"] == phase and r["status"] == 200 for r in self.results)
 
+    def outage_lasted(self, phase: str, length_s: float) -> bool:
+        """The outage begun with `phase` has lasted `length_s`, and a request begun in it was
+        answered (a 503 within the decision bound: the clients met the outage)."""
+        began = max(t for p, t in self.entered if p == phase)
+        return (time.monotonic() - began >= length_s
+                and any(r["phase"] == phase and r["status"] is not None for r in self.results))
+
     def halt(self) -> None:
         self._stop.set()
         for thread in self._threads:
@@ -139,7 +146,8 @@ def test_the_platform_rides_out_a_frozen_then_a_restarted_broker(tiny_model_dir,
 
                 broker.freeze()
                 traffic.enter("frozen")  # after the freeze: one begun before may be served once it thaws
-                time.sleep(FREEZE_S)  # the outage itself: how long the broker answers nothing
+                wait_until(lambda: traffic.outage_lasted("frozen", FREEZE_S), FREEZE_S + 30, every_s=0.2,
+                           what="the freeze to last its length and a request to meet it")
                 traffic.enter("thawing")
                 broker.thaw()
                 traffic.enter("thawed")
@@ -149,7 +157,8 @@ def test_the_platform_rides_out_a_frozen_then_a_restarted_broker(tiny_model_dir,
                 traffic.enter("stopping")
                 broker.stop()
                 traffic.enter("stopped")
-                time.sleep(STOPPED_S)  # the outage itself: the broker is down this long
+                wait_until(lambda: traffic.outage_lasted("stopped", STOPPED_S), STOPPED_S + 30, every_s=0.2,
+                           what="the stop to last its length and a request to meet it")
                 traffic.enter("starting")
                 broker.start()
                 traffic.enter("restarted")

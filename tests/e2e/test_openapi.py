@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.api_alone import ApiAlone
 
 ERROR_REF = "#/components/schemas/ErrorResponse"
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory, tiny_model_dir):
-    alone = ApiAlone(tmp_path_factory.mktemp("api-openapi"), tiny_model_dir)
-    yield alone
-    alone.close()
 
 
 def error_statuses(operation: dict) -> set[int]:

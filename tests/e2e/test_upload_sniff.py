@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
-from tests.e2e.api_alone import MODEL_ALIAS, ApiAlone
+from tests.e2e.api_alone import MODEL_ALIAS
 
 PAD = "word " * 14_000  # ~70 KB: past the 64 KiB the format sniff once read
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory, tiny_model_dir):
-    alone = ApiAlone(tmp_path_factory.mktemp("api-sniff"), tiny_model_dir)
-    yield alone
-    alone.close()
 
 
 def jsonl(*rows: dict) -> bytes:
