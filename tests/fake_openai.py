@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -20,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from tests.helpers import wait_until
+from tests.helpers import Launched, wait_until
 
 
 @dataclass
@@ -94,19 +96,38 @@ class FakeOpenAI:
 
 @contextmanager
 def serve(fake: FakeOpenAI):
-    """`fake` served by uvicorn on a loopback port in a thread; yields its base URL."""
+    """`fake` served by uvicorn on a loopback port in a process of its own (so the test
+    process's threads take no time from its pacing); yields its base URL. On leaving, the
+    requests it received are copied into `fake.received`."""
+    config = {"ttft_s": fake.ttft_s, "itl_s": fake.itl_s, "slots": fake.slots, "reject": fake.reject,
+              "tokens_per_chunk": fake.tokens_per_chunk}
+    with Launched([sys.executable, "-m", "tests.fake_openai", json.dumps(config)], ready=READY, ready_s=60) as server:
+        url = server.ready_line.split(READY, 1)[1].strip()
+        try:
+            yield url
+        finally:
+            with urllib.request.urlopen(f"{url}/_received", timeout=15) as answer:
+                fake.received[:] = [tuple(r) for r in json.load(answer)]
+
+
+READY = "fake openai serving on "
+
+
+def main(argv: list[str]) -> None:
+    fake = FakeOpenAI(**json.loads(argv[0]))
+    app = fake.app()
+    app.add_route("/_received", lambda _request: JSONResponse(fake.received), methods=["GET"])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(fake.app(), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, name="fake-openai", daemon=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="fake-openai")
     thread.start()
     wait_until(lambda: server.started or not thread.is_alive(), 30, what="the fake OpenAI server to start")
-    assert server.started, "the fake OpenAI server stopped before it served"
+    if server.started:  # said once the socket listens: the first request never meets a refused connection
+        print(f"{READY}http://127.0.0.1:{port}", flush=True)
+    thread.join()
 
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

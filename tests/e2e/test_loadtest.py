@@ -5,11 +5,13 @@ apart from failures, and the knee of a server that saturates at a known concurre
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from api.cli import main
 from api.loadtest import parse, run
 from tests.fake_openai import FakeOpenAI, serve
 from tests.harness import MODEL_ALIAS
@@ -27,14 +29,23 @@ def workload(**overrides) -> dict:
     return spec
 
 
+def loadtest(spec: dict, url: str, out: Path, *options: str, name: str = "fake") -> dict:
+    """`ledgerlm loadtest` run in a process of its own, as a user runs it (the test process's
+    threads would take time from its sending); returns the result file it wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([sys.executable, "-m", "api.cli", "loadtest", str(path), "--target", url, "--name", name,
+                           "--out", str(out), "--no-progress", *options], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads((out / f"{name}.json").read_text())
+
+
 def test_a_fixed_rate_run_reports_the_rate_ttft_tokens_and_rejections(tmp_path):
     fake = FakeOpenAI(ttft_s=0.2, itl_s=0.01, reject={"key-limited": "rate"})
-    path = tmp_path / "w.yaml"
-    path.write_text(yaml.safe_dump(workload(mode={"kind": "rate", "rate": 25, "duration_s": 4})))
     with serve(fake) as url:
-        assert main(["loadtest", str(path), "--target", url, "--name", "fake", "--out", str(tmp_path / "out"),
-                     "--no-progress", "--replicas", "2"]) == 0
-    result = json.loads((tmp_path / "out" / "fake.json").read_text())
+        result = loadtest(workload(mode={"kind": "rate", "rate": 25, "duration_s": 4}), url, tmp_path / "out",
+                          "--replicas", "2")
     assert (result["target"], result["model"], result["replicas"], result["knee"]) == ("fake", "fake", 2, None)
     assert result["slo"]["ttft_p95_ms"] == 1000 and result["slo"]["tpot_p95_ms"] == 100
     [s] = result["steps"]
@@ -70,13 +81,13 @@ def test_a_fixed_rate_run_reports_the_rate_ttft_tokens_and_rejections(tmp_path):
     assert (tmp_path / "out" / "fake-frontier.png").stat().st_size > 10_000
 
 
-def test_multi_token_chunks_and_whole_responses_give_the_same_tokens():
+def test_multi_token_chunks_and_whole_responses_give_the_same_tokens(tmp_path):
     fake = FakeOpenAI(ttft_s=0.1, itl_s=0.01, tokens_per_chunk=4)
     with serve(fake) as url:
         spec = workload(tenants=[{"name": "a", "api_key": "k"}], output_tokens=17, api="completions",
                         mode={"kind": "concurrency", "concurrency": 2, "duration_s": 1.5})
-        streamed = run(parse(spec), url, show_progress=False)["steps"][0]
-        whole = run(parse({**spec, "stream": False}), url, show_progress=False)["steps"][0]
+        streamed = loadtest(spec, url, tmp_path, name="streamed")["steps"][0]
+        whole = loadtest({**spec, "stream": False}, url, tmp_path, name="whole")["steps"][0]
     assert streamed["output_tokens_mean"] == whole["output_tokens_mean"] == 17
     # 17 tokens in chunks of 4: the first chunk (4 tokens) at 100 + 30 ms, the rest 40 ms apart,
     # so 10 ms a token between chunks, and TPOT (the time after the first chunk over 16 tokens)
@@ -88,7 +99,7 @@ def test_multi_token_chunks_and_whole_responses_give_the_same_tokens():
     assert 255 <= whole["ttft_ms"]["p50"] <= 330 and whole["tpot_ms"]["p50"] is None
 
 
-def test_a_concurrency_sweep_finds_the_knee_where_the_server_saturates():
+def test_a_concurrency_sweep_finds_the_knee_where_the_server_saturates(tmp_path):
     # Two slots, 100 ms + 15 x 20 ms a request: 5 requests/s at most, reached at concurrency 2
     # At concurrency 2 a slot idles for each round trip between one request and the sender's
     # next, which a loaded machine stretches to tens of ms, and concurrency 4 wins that back:
@@ -97,7 +108,7 @@ def test_a_concurrency_sweep_finds_the_knee_where_the_server_saturates():
     spec = workload(tenants=[{"name": "a", "api_key": "k"}], output_tokens=16, slo={},
                     mode={"kind": "sweep", "concurrencies": [1, 2, 4, 8], "duration_s": 3.0, "min_gain": 0.3})
     with serve(fake) as url:
-        result = run(parse(spec), url, show_progress=False)
+        result = loadtest(spec, url, tmp_path)
     steps = result["steps"]
     assert len(steps) == 3, "the sweep goes one step past the knee and stops"
     assert result["knee"] == 1 and steps[1]["concurrency"] == 2
@@ -109,14 +120,14 @@ def test_a_concurrency_sweep_finds_the_knee_where_the_server_saturates():
     assert steps[2]["ttft_ms"]["p50"] > steps[1]["ttft_ms"]["p50"] + 200
 
 
-def test_a_rate_sweep_stops_where_the_slo_breaks():
+def test_a_rate_sweep_stops_where_the_slo_breaks(tmp_path):
     # Capacity 10 requests/s; at 16/s the queue grows for the whole step and TTFT with it.
     fake = FakeOpenAI(ttft_s=0.05, itl_s=0.01, slots=2)
     spec = workload(tenants=[{"name": "a", "api_key": "k"}], output_tokens=16,
                     slo={"ttft_p95_ms": 400, "tpot_p95_ms": 50},
                     mode={"kind": "sweep", "rates": [2, 4, 16, 32], "duration_s": 3.0})
     with serve(fake) as url:
-        result = run(parse(spec), url, show_progress=False)
+        result = loadtest(spec, url, tmp_path)
     steps = result["steps"]
     assert [s["rate"] for s in steps] == [2.0, 4.0, 16.0]
     assert [s["meets_slo"] for s in steps] == [True, True, False]

@@ -141,7 +141,10 @@ def test_weights_share_a_worker_three_to_one_under_a_flood(platform, weighted_re
             return None
         return engine.started[first + 4:first + 4 + count]
 
-    window = wait_until(lambda: both_busy_for(40), 120, what="the worker to work through the flood")
+    try:
+        window = wait_until(lambda: both_busy_for(40), 120, what="the worker to work through the flood")
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}: {flood_state(platform.admin_log, flood, engine)}") from None
     gold_runs = sum(r.startswith(gold) for r in window)
     basic_runs = sum(r.startswith(basic) for r in window)
     assert gold_runs + basic_runs == len(window)
@@ -153,6 +156,18 @@ def test_weights_share_a_worker_three_to_one_under_a_flood(platform, weighted_re
     wait_until(lambda: wanted <= ended(platform.admin_log) | set(engine.started), 240, every_s=0.5,
                what="every request of the flood to start or be refused")
     platform.check()
+
+
+def flood_state(log, flood, engine) -> str:
+    """What became of a flood: starts by tenant, and its refusals by reason."""
+    wanted = {env.correlation_id for env in flood}
+    reasons: dict[str, int] = {}
+    for env in map(decode, (r.value for r in log.read_topic(topics.LEDGER.name))):
+        if env.correlation_id in wanted and env.event_type == "GenerationRejected":
+            reasons[env.payload.reason] = reasons.get(env.payload.reason, 0) + 1
+    tenants = {env.tenant_id for env in flood}
+    starts = {t: sum(r.startswith(t) for r in engine.started) for t in tenants}
+    return f"{len(engine.started)} of {len(flood)} started {starts}, refused {reasons}"
 
 
 def ended(log) -> set[str]:
