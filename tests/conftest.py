@@ -83,7 +83,9 @@ def platforms(engine_runner, tmp_path_factory):
     def get(kind: str, admit: bool = False):
         if (kind, admit) not in made:
             home = tmp_path_factory.mktemp(f"platform-{kind}{'-admit' if admit else ''}")
-            settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000)
+            # A loaded host can keep admission from deciding within the deployed 5 s; these
+            # platforms test what is decided, so the API waits longer before its 503.
+            settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000, decision_timeout_s=20.0)
             plat = Platform(make_log_opener(kind, home), engine_runner, settings, worker_admits=admit)
             plat.kind = kind
             made[kind, admit] = plat
