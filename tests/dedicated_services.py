@@ -223,19 +223,21 @@ def _redis_bin() -> str:
 
 
 class DedicatedRedis(_Server):
-    """A Redis server that keeps its data across a restart (an append-only file synced on
-    every write), as a Celery broker must for queued chunks to survive one."""
+    """A Redis server without persistence, as `infra/redis.sh` runs it: a restart loses
+    whatever it held. `persistent=True` keeps its data across one (an append-only file
+    synced on every write)."""
 
     name = "Redis"
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, *, persistent: bool = False):
         super().__init__(home)
-        self.bin = _redis_bin()
+        self.bin, self.persistent = _redis_bin(), persistent
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def _argv(self) -> list[str]:
+        keep = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
         return [self.bin, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.home), "--save", "",
-                "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no"]
+                *keep, "--daemonize", "no"]
 
     def serving(self) -> bool:
         try:
