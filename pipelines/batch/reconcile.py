@@ -36,6 +36,7 @@ from pipelines.batch.finalize import _JsonlOut, finalize_requests, finalize_summ
 from pipelines.batch.queue import ChunkQueue
 from pipelines.batch.validate import BatchInputError, validate_documents, validate_requests
 from pipelines.objectstore import ObjectStore
+from pipelines.outage import is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ class Reconciler:
         try:
             result = validate(batch, store=self.store, registry=registry, chunk_size=self.options.chunk_size,
                               max_requests=self.options.max_requests)
-        except (OSError, ConnectionError):
-            raise  # the store is unreachable: the unit is redone later
         except Exception as exc:
+            if isinstance(exc, OSError) or is_transient(exc):
+                raise  # the store is unreachable: the unit is redone later
             if not isinstance(exc, BatchInputError):
                 # A fault in this input that validation did not foresee: fail this batch
                 # rather than retry it forever, holding up every batch of its partition.
