@@ -130,7 +130,11 @@ class DedicatedPostgres(_Server):
         self._scratch = Path(tempfile.mkdtemp(prefix="ledgerlm-test-pg-", dir="/var/tmp")) if self._as_root else None
         self.data = (self._scratch or self.home) / "data"
         self.url = f"postgresql+psycopg://ledgerlm:ledgerlm@127.0.0.1:{self.port}/ledgerlm"
-        self._initdb()
+        try:
+            self._initdb()
+        except BaseException:
+            self.close()
+            raise
 
     def _as_pg(self, argv: list[str]) -> list[str]:
         return ["runuser", "-u", "postgres", "--", *argv] if self._as_root else argv

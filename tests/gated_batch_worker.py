@@ -15,6 +15,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import workers.batch_metrics  # noqa: F401 - the child serves /metrics when LEDGERLM_METRICS_PORT is set
 from workers import batch
 from workers.batch_engine import EngineSlot, GenResult
 

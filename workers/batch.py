@@ -56,6 +56,17 @@ class _Process:
 
 
 _process: _Process | None = None  # this worker process's resources; see `resources()`
+_readiness: Readiness | None = None  # whether chunks can reach the store and the log; see `readiness()`
+
+
+def readiness() -> Readiness:
+    """This worker's readiness (`ledgerlm_ready{component="batch-worker"}`). Only the child
+    that runs chunks marks it; it is made once, so the metrics served by that child and
+    the chunks it runs share it whichever of them asks first after the fork."""
+    global _readiness
+    if _readiness is None:
+        _readiness = Readiness("batch-worker", stall_s=None)  # a long chunk is work, not a stall
+    return _readiness
 
 
 def resources() -> _Process:
@@ -66,7 +77,7 @@ def resources() -> _Process:
         platform = Bootstrap(settings)
         _process = _Process(settings, platform.object_store(), platform.event_log(create_topics=False),
                             EngineSlot({"max_num_seqs": settings.engine_max_seqs, "kv_cache_gb": settings.kv_cache_gb}),
-                            _worker_id(), Readiness("batch-worker", stall_s=None))
+                            _worker_id(), readiness())
     return _process
 
 
