@@ -26,10 +26,15 @@ from pipelines.batch.schemas import REQUEST_PART, SUMMARY_PART, read_table, read
 from pipelines.batch.tokens import template_ids, tokenizer_for
 from pipelines.eventlog import EventLog
 from pipelines.objectstore import ObjectStore
-from pipelines.outage import Readiness, ride_out
+from pipelines.outage import Readiness, is_transient, ride_out
 from pipelines.routing import publish
 from workers.batch_engine import EngineSlot, GenRequest
 from workers.summarize import summarize_documents
+
+
+class ChunkEngineFailed(RuntimeError):
+    """Making the chunk's rows failed with what looks like an outage (a timeout, say). Not
+    waited out in place: the engine's state is not trusted, so the task's retry drops it."""
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,18 @@ def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: En
         report(log, task, BatchChunkStarted(batch_id=task.batch_id, chunk_index=task.chunk_index,
                                             worker_id=worker_id, attempt=attempt))
         began = time.monotonic()
-        engine = engines.get(model_path=task.model_path, max_model_len=task.max_model_len,
-                             pinned_hash=task.engine_config_hash)
         rows = read_table(store, task.input_key).to_pylist()
-        if task.summarization:
-            out, usage = _summaries(task, rows, engine, store)
-        else:
-            out, usage = _completions(task, rows, engine)
+        try:
+            engine = engines.get(model_path=task.model_path, max_model_len=task.max_model_len,
+                                 pinned_hash=task.engine_config_hash)
+            if task.summarization:
+                out, usage = _summaries(task, rows, engine, store)
+            else:
+                out, usage = _completions(task, rows, engine)
+        except Exception as exc:
+            if is_transient(exc):
+                raise ChunkEngineFailed(f"{type(exc).__name__}: {exc}") from exc
+            raise
         usage["duration_ms"] = int((time.monotonic() - began) * 1000)
         # Retried in place: the rows are made, and making them again would cost the whole run.
         ride_out(lambda: write_table(store, task.part_key, out, SUMMARY_PART if task.summarization else REQUEST_PART,
