@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     batch_max_file_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
     batch_max_requests: int = Field(default=50_000, gt=0)
     batch_chunk_time_limit_s: float = Field(default=900.0, gt=0)
+    batch_requeue_after_s: float = Field(default=600.0, gt=0)  # a queued chunk not started this long is sent again
     batch_tokens_per_day: int | None = None
     batch_spend_per_day_micros: int | None = None
 

@@ -1,11 +1,13 @@
-"""Riding out an outage of a backing service (the log, the database): what counts as
-transient, how long to wait before trying again, and whether a process is ready.
+"""Riding out an outage of a backing service (the log, the database, the object store, the
+batch queue's broker): what counts as transient, how long to wait before trying again,
+and whether a process is ready.
 
 A long-running process's loop (`keep_running`) catches the transient errors of its
 adapters, lets the component reopen what must be reopened (`recover`), backs off (0.2 s
 doubling to 5 s), says once that the service is gone and once that it is back, and reports
 not ready meanwhile (`Readiness`, the `ledgerlm_ready` gauge). Anything else is a bug or a
-fatal condition: it is raised, and the process says why and exits non-zero.
+fatal condition: it is raised, and the process says why and exits non-zero. `ride_out`
+does the same for one call (a batch chunk's Parquet write), up to a deadline.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sqlite3
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -23,6 +25,7 @@ from prometheus_client.registry import Collector
 from pipelines.eventlog.base import EventLogError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # kafka-python's errors that a returning broker cures (besides those marked `retriable`).
 _KAFKA_TRANSIENT = ("KafkaTimeoutError", "NoBrokersAvailable", "KafkaConnectionError", "NodeNotReadyError",
@@ -34,9 +37,9 @@ _KAFKA_TRANSIENT = ("KafkaTimeoutError", "NoBrokersAvailable", "KafkaConnectionE
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether `exc` is an error of a backing service that may pass: the log or the
-    database unreachable, slow or busy. Checked by class name for the drivers, so nothing
-    here imports kafka or SQLAlchemy."""
+    """Whether `exc` is an error of a backing service that may pass: the log, the database,
+    the object store or the broker unreachable, slow or busy. Checked by class name for the
+    drivers, so nothing here imports kafka, SQLAlchemy, botocore or redis."""
     if isinstance(exc, (EventLogError, ConnectionError, TimeoutError, sqlite3.OperationalError)):
         return True
     for cls in type(exc).__mro__:
@@ -47,6 +50,13 @@ def is_transient(exc: BaseException) -> bool:
                                                                   "InterfaceError", "TimeoutError"):
             return True
         if module.startswith("psycopg") and cls.__name__ in ("OperationalError", "InterfaceError"):
+            return True
+        # S3 through s3fs: unreachable, timed out, or the connection closed mid-request.
+        if module.startswith("botocore") and cls.__name__ in ("ConnectionError", "HTTPClientError"):
+            return True
+        # Celery's broker: redis-py's errors, and kombu's wrapping of them.
+        if module.startswith(("redis", "kombu")) and cls.__name__ in ("ConnectionError", "TimeoutError",
+                                                                      "OperationalError"):
             return True
     return False
 
@@ -163,6 +173,25 @@ def keep_running(step: Callable[[], object], stop: threading.Event, *, readiness
         if not readiness.ready:
             readiness.up()
         backoff.reset()
+
+
+def ride_out(call: Callable[[], T], *, readiness: Readiness, deadline_s: float,
+             backoff: Backoff | None = None) -> T:
+    """`call()`'s result, waiting out its transient errors with backoff (`readiness` down
+    meanwhile, said once) for up to `deadline_s`; then, or on any other error, it raises."""
+    backoff, give_up = backoff or Backoff(), time.monotonic() + deadline_s
+    while True:
+        try:
+            result = call()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() >= give_up:
+                raise
+            readiness.down(exc)
+            logger.debug("%s: %r", readiness.component, exc)
+            time.sleep(min(backoff.next(), max(0.0, give_up - time.monotonic())))
+            continue
+        readiness.up()
+        return result
 
 
 def exit_on_fatal(process: str, exc: BaseException, code: int = 70) -> int:

@@ -11,8 +11,10 @@ fork (never inherited from the parent) and kept warm across tasks.
 
 Delivery: acknowledged late and rejected back to the queue when the worker process dies,
 so a chunk whose worker was killed runs again; errors retry with exponential backoff,
-and after the last retry the chunk is reported failed. A chunk's work is idempotent
-(one part at a derived key), so running it twice writes the same object once.
+and after the last retry the chunk is reported failed. An outage of the object store or
+the log is waited out in place with backoff, within the chunk's time limit, and uses up
+no retry: the chunk goes on where it stood when the service is back. A chunk's work is
+idempotent (one part at a derived key), so running it twice writes the same object once.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from models.settings import Settings
 from pipelines.batch.queue import TASK_NAME
 from pipelines.bootstrap import Bootstrap
+from pipelines.outage import Readiness, ride_out
 from workers.batch_engine import EngineMismatch, EngineSlot
 from workers.batch_runner import ChunkTask, report_failure, run_chunk
 
@@ -49,9 +52,21 @@ class _Process:
     log: object
     engines: EngineSlot
     worker_id: str
+    readiness: Readiness
 
 
 _process: _Process | None = None  # this worker process's resources; see `resources()`
+_readiness: Readiness | None = None  # whether chunks can reach the store and the log; see `readiness()`
+
+
+def readiness() -> Readiness:
+    """This worker's readiness (`ledgerlm_ready{component="batch-worker"}`). Only the child
+    that runs chunks marks it; it is made once, so the metrics served by that child and
+    the chunks it runs share it whichever of them asks first after the fork."""
+    global _readiness
+    if _readiness is None:
+        _readiness = Readiness("batch-worker", stall_s=None)  # a long chunk is work, not a stall
+    return _readiness
 
 
 def resources() -> _Process:
@@ -62,7 +77,7 @@ def resources() -> _Process:
         platform = Bootstrap(settings)
         _process = _Process(settings, platform.object_store(), platform.event_log(create_topics=False),
                             EngineSlot({"max_num_seqs": settings.engine_max_seqs, "kv_cache_gb": settings.kv_cache_gb}),
-                            _worker_id())
+                            _worker_id(), readiness())
     return _process
 
 
@@ -87,9 +102,13 @@ def _close_resources(**_) -> None:
 def run_chunk_task(self, task: dict) -> str:
     chunk = ChunkTask(**task)
     proc = resources()
-    try:
+    patience = proc.settings.batch_chunk_time_limit_s  # the soft time limit ends a longer wait first
+
+    def attempt() -> str:
         return run_chunk(chunk, store=proc.store, log=proc.log, engines=proc.engines, worker_id=proc.worker_id,
-                         attempt=self.request.retries + 1)
+                         attempt=self.request.retries + 1, readiness=proc.readiness, store_patience_s=patience)
+    try:
+        return ride_out(attempt, readiness=proc.readiness, deadline_s=patience)
     except EngineMismatch as exc:
         report_failure(proc.log, chunk, "engine_mismatch", str(exc), proc.worker_id)
         return "failed"

@@ -4,8 +4,9 @@ Chunks run in the worker's child process (prefork, `-c 1`), so that is where the
 counted and served from: importing this module (`celery worker --include
 workers.batch_metrics`, as `ledgerlm serve batch-worker` does) connects Celery's
 signals, and each child, once forked, serves `/metrics` on `LEDGERLM_METRICS_PORT` (0:
-none). A child that dies frees its port for the one that replaces it; counts start again
-from zero, which Prometheus reads as a counter reset.
+none), with `ledgerlm_ready` (0 while the store or the log is away and a chunk waits). A
+child that dies frees its port for the one that replaces it; counts start again from
+zero, which Prometheus reads as a counter reset.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from models.settings import Settings
 from pipelines.batch.queue import TASK_NAME
 from pipelines.metrics import MetricsServer, serve_metrics
+from pipelines.outage import readiness_registry
+from workers.batch import readiness
 
 logger = logging.getLogger(__name__)
 OUTCOMES = ("completed", "skipped", "failed", "retried")
@@ -57,7 +60,7 @@ def _serve(**_) -> None:
     with _lock:
         _metrics = BatchWorkerMetrics()
         try:
-            _server = serve_metrics(Settings(), _metrics.registry)
+            _server = serve_metrics(Settings(), _metrics.registry, readiness_registry(readiness()))
         except OSError:  # the port is taken: run chunks unobserved rather than not at all
             logger.exception("batch worker metrics not served")
 

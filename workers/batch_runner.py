@@ -4,7 +4,8 @@
     part already written    → BatchChunkCompleted again, from the usage the part recorded
                               (an earlier attempt finished but could not report)
     otherwise               → BatchChunkStarted; generate; write the ONE part at the
-                              chunk's derived key (a retry overwrites it); BatchChunkCompleted
+                              chunk's derived key (a retry overwrites it; a store that is
+                              away is waited out); BatchChunkCompleted
 
 Events go straight to the log (the dispatcher ignores a repeated report of a chunk).
 """
@@ -25,9 +26,15 @@ from pipelines.batch.schemas import REQUEST_PART, SUMMARY_PART, read_table, read
 from pipelines.batch.tokens import template_ids, tokenizer_for
 from pipelines.eventlog import EventLog
 from pipelines.objectstore import ObjectStore
+from pipelines.outage import Readiness, is_transient, ride_out
 from pipelines.routing import publish
 from workers.batch_engine import EngineSlot, GenRequest
 from workers.summarize import summarize_documents
+
+
+class ChunkEngineFailed(RuntimeError):
+    """Making the chunk's rows failed with what looks like an outage (a timeout, say). Not
+    waited out in place: the engine's state is not trusted, so the task's retry drops it."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,9 @@ def report_failure(log: EventLog, task: ChunkTask, code: str, message: str, work
 
 
 def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: EngineSlot, worker_id: str,
-              attempt: int) -> str:
-    """Runs the chunk (or finds it done) and reports it; returns what happened."""
+              attempt: int, readiness: Readiness | None = None, store_patience_s: float = 0.0) -> str:
+    """Runs the chunk (or finds it done) and reports it; returns what happened. A store that
+    is away when the part is written is waited out for up to `store_patience_s`."""
     usage = read_usage(store, task.part_key)
     # Looked for right before starting: the gap between the look and `BatchChunkStarted`
     # is where a stop written meanwhile goes unseen (this chunk then runs and is settled).
@@ -72,15 +80,23 @@ def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: En
         report(log, task, BatchChunkStarted(batch_id=task.batch_id, chunk_index=task.chunk_index,
                                             worker_id=worker_id, attempt=attempt))
         began = time.monotonic()
-        engine = engines.get(model_path=task.model_path, max_model_len=task.max_model_len,
-                             pinned_hash=task.engine_config_hash)
         rows = read_table(store, task.input_key).to_pylist()
-        if task.summarization:
-            out, usage = _summaries(task, rows, engine, store)
-        else:
-            out, usage = _completions(task, rows, engine)
+        try:
+            engine = engines.get(model_path=task.model_path, max_model_len=task.max_model_len,
+                                 pinned_hash=task.engine_config_hash)
+            if task.summarization:
+                out, usage = _summaries(task, rows, engine, store)
+            else:
+                out, usage = _completions(task, rows, engine)
+        except Exception as exc:
+            if is_transient(exc):
+                raise ChunkEngineFailed(f"{type(exc).__name__}: {exc}") from exc
+            raise
         usage["duration_ms"] = int((time.monotonic() - began) * 1000)
-        write_table(store, task.part_key, out, SUMMARY_PART if task.summarization else REQUEST_PART, usage)
+        # Retried in place: the rows are made, and making them again would cost the whole run.
+        ride_out(lambda: write_table(store, task.part_key, out, SUMMARY_PART if task.summarization else REQUEST_PART,
+                                     usage), readiness=readiness or Readiness("batch-worker"),
+                 deadline_s=store_patience_s)
     report(log, task, BatchChunkCompleted(
         batch_id=task.batch_id, chunk_index=task.chunk_index, part_key=task.part_key, completed=usage["completed"],
         failed=usage["failed"], input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"],

@@ -54,7 +54,8 @@ def limits_from_settings(settings: Settings) -> Callable[[str, Registry], BatchL
 def options_from_settings(settings: Settings) -> DispatchOptions:
     return DispatchOptions(chunk_size=settings.batch_chunk_size, chunks_in_flight=settings.batch_chunks_in_flight,
                            max_requests=settings.batch_max_requests,
-                           chunk_time_limit_s=settings.batch_chunk_time_limit_s)
+                           chunk_time_limit_s=settings.batch_chunk_time_limit_s,
+                           requeue_after_s=settings.batch_requeue_after_s)
 
 
 class BatchDispatcher:

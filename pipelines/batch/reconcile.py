@@ -12,6 +12,8 @@ batch advances whichever event woke the dispatcher. Steps, in order:
   room in the window    → reserve the next chunk's budget and queue it (BatchChunkQueued),
                           or, out of budget with nothing of the tenant's in flight to wait
                           for, skip the rest as insufficient_quota
+  queued, not started   → sent to the queue again after `requeue_after_s` (a broker
+                          restarted without persistence loses what it held); no event
   every chunk settled   → BatchFinalizationStarted; on the next pass, assemble the files
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pipelines.batch.finalize import _JsonlOut, finalize_requests, finalize_summ
 from pipelines.batch.queue import ChunkQueue
 from pipelines.batch.validate import BatchInputError, validate_documents, validate_requests
 from pipelines.objectstore import ObjectStore
+from pipelines.outage import is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,10 @@ class DispatchOptions:
     chunk_time_limit_s: float = 900.0
     max_retries: int = 3
     stop_grace_s: float = 60.0  # a queued chunk not started this long after a stop is skipped here
+    # A queued chunk not started this long is sent again: its task may be lost with the
+    # broker's data. A chunk sent twice runs once in effect (one part at a derived key, and
+    # the dispatcher ignores a repeated report), so this only costs a queue entry.
+    requeue_after_s: float = 600.0
 
     @property
     def running_timeout(self) -> timedelta:
@@ -65,6 +72,7 @@ class Reconciler:
         self.store, self.queue, self.options = store, queue, options
         self.budget_of, self.limits_for = budget_of, limits_for
         self._stopped: set[tuple[str, str]] = set()  # stop markers written by this process
+        self._sent: dict[tuple[str, int], datetime] = {}  # when this process last sent a queued chunk again
 
     def reconcile(self, batch: BatchState, emit: Callable, *, registry: Registry, now: datetime) -> None:
         """Decides the next steps of `batch`; `emit(payload)` applies and records each event."""
@@ -90,6 +98,7 @@ class Reconciler:
             if chunk.needs_settlement:
                 emit(self._settlement(batch, chunk, registry))
         if not batch.stopping:
+            self._resend_unstarted(batch, registry, now)
             self._queue_chunks(batch, emit, registry, now)
         if batch.all_chunks_terminal():
             if not batch.finalizing:
@@ -102,9 +111,9 @@ class Reconciler:
         try:
             result = validate(batch, store=self.store, registry=registry, chunk_size=self.options.chunk_size,
                               max_requests=self.options.max_requests)
-        except (OSError, ConnectionError):
-            raise  # the store is unreachable: the unit is redone later
         except Exception as exc:
+            if isinstance(exc, OSError) or is_transient(exc):
+                raise  # the store is unreachable: the unit is redone later
             if not isinstance(exc, BatchInputError):
                 # A fault in this input that validation did not foresee: fail this batch
                 # rather than retry it forever, holding up every batch of its partition.
@@ -182,6 +191,21 @@ class Reconciler:
             self.queue.enqueue(self._task(batch, chunk, revision, res_id))
             emit(BatchChunkQueued(batch_id=batch.batch_id, chunk_index=chunk.index, reservation_id=res_id,
                                   tokens=chunk.tokens, cost_micros=chunk.cost_micros))
+
+    def _resend_unstarted(self, batch: BatchState, registry: Registry, now: datetime) -> None:
+        revision = registry.revisions.get(batch.model_revision or "")
+        after = timedelta(seconds=self.options.requeue_after_s)
+        for chunk in batch.chunks:
+            key = (batch.batch_id, chunk.index)
+            if chunk.status != "queued" or revision is None:
+                self._sent.pop(key, None)
+                continue
+            last = max(filter(None, (chunk.queued_at, self._sent.get(key))), default=now)
+            if now - last > after:
+                logger.warning("chunk %s/%s queued %s ago and not started; sending it again",
+                               batch.batch_id, chunk.index, now - (chunk.queued_at or now))
+                self.queue.enqueue(self._task(batch, chunk, revision, chunk.reservation_id))
+                self._sent[key] = now
 
     def _task(self, batch: BatchState, chunk: ChunkState, revision, res_id: str) -> dict:
         spec = batch.summarization

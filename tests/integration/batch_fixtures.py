@@ -65,9 +65,9 @@ class CeleryWorker(Launched):
     """`celery worker` as a child process; its own child runs the chunks. Stopping it sends
     SIGTERM to the main process only: a warm shutdown, in which it stops its child."""
 
-    def __init__(self, settings: Settings, log_path: Path):
+    def __init__(self, settings: Settings, log_path: Path, app: str = "workers.batch.celery_app"):
         super().__init__(
-            [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", settings.batch_queue,
+            [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", settings.batch_queue,
              "-c", "1", "--pool", "prefork", "-l", "INFO", "-n", f"{settings.batch_queue}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat"],
             env={**os.environ, **_env_of(settings), "PYTHONUNBUFFERED": "1"}, log=log_path,
@@ -85,6 +85,8 @@ class BatchPlatform:
     model_revision: str
     chunk_size: int = CHUNK_SIZE
     chunks_in_flight: int = 2
+    celery_app: str = "workers.batch.celery_app"  # the worker's `celery -A`
+    requeue_after_s: float = DispatchOptions.requeue_after_s
     logs: list = field(default_factory=list)
 
     def start(self) -> "BatchPlatform":
@@ -92,13 +94,14 @@ class BatchPlatform:
         self.admin_log = self._log()
         self.view = platform.registry_view(self.admin_log)
         self.store = platform.object_store()
-        self.worker = CeleryWorker(self.settings, self.settings.home / "celery-worker.log")
+        self.worker = CeleryWorker(self.settings, self.settings.home / "celery-worker.log", self.celery_app)
         queue = platform.chunk_queue()
         log = self._log()
         self.dispatcher = BatchDispatcher(
             log, platform.registry_view(log), self.store, queue, limits_for=limits_from_settings(self.settings),
             options=DispatchOptions(chunk_size=self.chunk_size, chunks_in_flight=self.chunks_in_flight,
-                                    stop_grace_s=30, chunk_time_limit_s=self.settings.batch_chunk_time_limit_s))
+                                    stop_grace_s=30, chunk_time_limit_s=self.settings.batch_chunk_time_limit_s,
+                                    requeue_after_s=self.requeue_after_s))
         self.loop = Loop("batch-dispatcher", lambda: self.dispatcher.run_once(0.05),
                          lambda: (self.dispatcher.close(), queue.close())).start()
         self.server, self._server_thread, self.port = serve_api(

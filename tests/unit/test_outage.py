@@ -7,12 +7,15 @@ import sqlite3
 import threading
 
 import pytest
+import redis.exceptions
+from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from kafka import errors as kerr
+from kombu.exceptions import OperationalError as KombuOperationalError
 from prometheus_client import generate_latest
 from sqlalchemy.exc import OperationalError
 
 from pipelines.eventlog import EventLogError, Fenced
-from pipelines.outage import Backoff, Readiness, is_transient, keep_running, readiness_registry
+from pipelines.outage import Backoff, Readiness, is_transient, keep_running, readiness_registry, ride_out
 from tests.helpers import wait_until
 
 
@@ -21,6 +24,8 @@ from tests.helpers import wait_until
     kerr.RequestTimedOutError(), kerr.NotLeaderForPartitionError(), EventLogError("commit failed"),
     Fenced("moved"), sqlite3.OperationalError("database is locked"), ConnectionRefusedError(), TimeoutError(),
     OperationalError("SELECT 1", {}, Exception("server closed the connection")),
+    EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), ReadTimeoutError(endpoint_url="http://s3"),
+    redis.exceptions.ConnectionError("Connection refused"), KombuOperationalError("Error 111 connecting"),
 ])
 def test_errors_of_a_service_that_may_return_are_transient(exc):
     assert is_transient(exc)
@@ -183,3 +188,34 @@ def test_callers_waiting_for_a_look_at_a_frozen_log_fail_with_it_instead_of_queu
         thread.join(10)
     assert len(failures) == 6 and all(is_transient(exc) for exc in failures), failures
     assert tail.looks == 1, "callers that waited for the failed look must not each look again"
+
+
+def test_ride_out_waits_a_transient_error_out_and_says_so_once(caplog):
+    readiness, calls = Readiness("batch-worker"), []
+
+    def write():
+        calls.append(1)
+        if len(calls) <= 3:
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+        return "written"
+
+    with caplog.at_level(logging.WARNING, logger="pipelines.outage"):
+        assert ride_out(write, readiness=readiness, deadline_s=10, backoff=Backoff(first_s=0.001)) == "written"
+    assert len(calls) == 4 and readiness.ready and readiness.outages == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "not ready" in said[0] and "ready again" in said[1], said
+
+
+def test_ride_out_raises_past_its_deadline_and_at_once_on_a_bug():
+    def refused():
+        raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(EndpointConnectionError):
+        ride_out(refused, readiness=Readiness("w"), deadline_s=0.05, backoff=Backoff(first_s=0.01))
+    calls = []
+
+    def bug():
+        calls.append(1)
+        raise ValueError("a bug")
+    with pytest.raises(ValueError):
+        ride_out(bug, readiness=Readiness("w"), deadline_s=10)
+    assert len(calls) == 1
