@@ -113,6 +113,11 @@ def weighted_revision(platform):
     engine = RecordingSlowEngine(pause_s=0.05)  # 0.2 s a generation
     runner = EngineRunner(engine, name="slow-engine").start()
     loop = platform.start_worker(runner=runner, revision=revision, max_in_flight=4)
+    # The flood goes straight onto the requests topic, past the API's wait for a worker:
+    # admission must be able to read that this one joined, or it refuses the flood.
+    wait_until(lambda: any(env.event_type == "WorkerJoined" and env.payload.worker_id == loop.worker.worker_id
+                           for env in (decode(r.value) for r in platform.admin_log.read_topic(topics.FLEET.name))),
+               60, what="the weighted worker to join the fleet")
     yield revision, engine
     loop.halt()
     platform.loops.remove(loop)

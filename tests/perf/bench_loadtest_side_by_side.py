@@ -5,6 +5,10 @@ Kafka, each on the tiny model with the platform worker's engine settings, in one
     set -a && . .local/services.env && set +a
     .venv/bin/python tests/perf/bench_loadtest_side_by_side.py [--targets vllm embedded kafka]
         [--workload tests/perf/loadtest_workload.yaml] [--rates 2,4,8,16,32,48,64] [--duration 20]
+        [--model-dir DIR]
+
+`--model-dir` serves another model in the tiny one's place (SmolLM2: `--model-dir
+.local/ledgerlm/models/smollm2-135m-instruct --workload tests/perf/loadtest_workload_small.yaml`).
 
 Per target: the frontier (output tokens/s against TTFT p95 and TPOT p95 per step, in one
 PNG), the knee, goodput at the SLO there, the platform ÷ vLLM ratio of output tokens/s at
@@ -194,6 +198,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, help="seconds per step (default: the workload's)")
     parser.add_argument("--warmup", type=float, default=10.0,
                         help="seconds of two streams sent before the sweep, not measured (default 10)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="a Hugging Face model directory (default: the tiny random model, generated)")
     parser.add_argument("--kv-cache-gb", type=float, default=0.25)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: a temporary one)")
@@ -210,7 +216,7 @@ def main() -> int:
 
     home = Path(tempfile.mkdtemp(prefix="loadtest-side-"))
     out = args.out or home / "results"
-    model = make_tiny_model(home / "tiny", seed=0, shape="tiny")
+    model = args.model_dir.resolve() if args.model_dir else make_tiny_model(home / "tiny", seed=0, shape="tiny")
     results: dict[str, dict] = {}
     with bench_topics_cleared(*args.targets):
         for name in args.targets:
@@ -225,7 +231,7 @@ def main() -> int:
     if not args.no_record:
         steps = args.sweep_rates or "the workload's"
         record_run(SECTION, ".venv/bin/python tests/perf/bench_loadtest_side_by_side.py " + shlex.join(sys.argv[1:]),
-                   f"Tiny model, one vLLM engine each (max_num_seqs {MAX_SEQS}, KV cache {args.kv_cache_gb} GB, "
+                   f"{'Model ' + model.name if args.model_dir else 'Tiny model'}, one vLLM engine each (max_num_seqs {MAX_SEQS}, KV cache {args.kv_cache_gb} GB, "
                    f"the platform worker's settings; worker take-ahead {args.take_ahead}, stream linger "
                    f"{args.stream_linger_ms} ms); workload {args.workload.name}, rates {steps}; client in the bench "
                    f"process", text)
