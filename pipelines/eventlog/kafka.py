@@ -27,7 +27,9 @@ RECONNECT_BACKOFF_MAX_MS = 1000
 
 class KafkaEventLog(EventLog):
     """`group_options` go to each group member's `KafkaConsumer` (session and heartbeat
-    timeouts; tests lower them), `producer_options` to every `KafkaProducer`."""
+    timeouts; tests lower them), `producer_options` to every `KafkaProducer`.
+    `replication_factor`: copies of each partition of the topics it makes (None: the
+    cluster's `default.replication.factor`)."""
 
     def __init__(
         self,
@@ -38,9 +40,11 @@ class KafkaEventLog(EventLog):
         group_options: dict | None = None,
         producer_options: dict | None = None,
         security: dict | None = None,
+        replication_factor: int | None = None,
     ):
         servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
         self._timeout_s = timeout_s
+        self._replication_factor = -1 if replication_factor is None else replication_factor  # -1: the broker's
         self._client_id = client_id
         ms = int(timeout_s * 1000)
         # `security`: SASL and TLS options (pipelines.kafka_security), for every client it makes.
@@ -68,7 +72,7 @@ class KafkaEventLog(EventLog):
         if not specs:
             return
         # retention.ms=-1 spelled out: the broker default (7 days) would silently drop durable topics.
-        wanted = {s.name: {"num_partitions": s.partitions,
+        wanted = {s.name: {"num_partitions": s.partitions, "replication_factor": self._replication_factor,
                            "configs": {"retention.ms": str(-1 if s.retention_ms is None else s.retention_ms)}}
                   for s in specs}
         result = self._admin.create_topics(wanted, timeout_ms=int(self._timeout_s * 1000), raise_errors=False)
