@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition as KafkaTP
@@ -148,6 +149,24 @@ class KafkaEventLog(EventLog):
                                   meta.timestamp if meta.timestamp >= 0 else stamp))
         return records
 
+    @contextmanager
+    def _reading(self):
+        """The shared reader's lock; a reader whose lookup timed out is dropped, and the next
+        call makes a new one. After a broker was cut off mid-request, kafka-python 3.0.12's
+        consumer could stay without metadata once it was back, every lookup timing out for
+        minutes (tests/e2e/test_kafka_cluster.py)."""
+        with self._read_lock:
+            try:
+                yield
+            except kerr.KafkaTimeoutError:
+                reader, self._reader = self._reader, None
+                if reader is not None:
+                    try:
+                        reader.close(autocommit=False, timeout_ms=0)
+                    except Exception:  # noqa: BLE001 - a stuck client closing badly changes nothing here
+                        pass
+                raise
+
     def _reader_for(self, tp: KafkaTP) -> KafkaConsumer:
         if self._reader is None:
             # A short fetch wait. The consumer fetches ahead after each poll, and a read of
@@ -165,7 +184,7 @@ class KafkaEventLog(EventLog):
         tp = self._check(topic, partition)
         start = time.monotonic()
         deadline = start + max(0.0, timeout_s)
-        with self._read_lock:
+        with self._reading():
             reader = self._reader_for(tp)
             # Without a wait of the caller's, whether committed records are there decides
             # whether to wait for a fetch. With one, the fetch goes first: a record known to
@@ -201,7 +220,7 @@ class KafkaEventLog(EventLog):
         `commit_with` are not dense; `append` (no transaction) gives dense offsets.
         """
         tp = self._check(topic, partition)
-        with self._read_lock:
+        with self._reading():
             return self._end(self._reader_for(tp), tp)
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -211,7 +230,7 @@ class KafkaEventLog(EventLog):
             return {}
         deadline = time.monotonic() + self._timeout_s
         ends: dict[KafkaTP, int] = {}
-        with self._read_lock:
+        with self._reading():
             reader = self._reader_for(wanted[0])
             while True:
                 missing = [tp for tp in wanted if tp not in ends]
@@ -231,7 +250,7 @@ class KafkaEventLog(EventLog):
     def low_offset(self, topic: str, partition: int) -> int:
         """The first offset still stored; reads below it start there."""
         tp = self._check(topic, partition)
-        with self._read_lock:
+        with self._reading():
             reader = self._reader_for(tp)
             return reader.beginning_offsets([tp], timeout_ms=int(self._timeout_s * 1000))[tp]
 

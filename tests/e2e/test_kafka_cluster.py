@@ -199,8 +199,11 @@ def _assert_exactly_once(log, ok: set[str]) -> None:
         return None if open_ else ledger
     ledger = wait_until(settled_all, 60, what="every reservation settled")
     requests, outcomes = _events(log, topics.REQUESTS), _events(log, topics.OUTCOMES)
-    every = [env for evs in ledger.values() for env in evs] + requests + outcomes
-    twice = {event_id: n for event_id, n in Counter(env.event_id for env in every).items() if n > 1}
+    every = [(topics.LEDGER.name, env) for evs in ledger.values() for env in evs] + \
+        [(topics.REQUESTS.name, env) for env in requests] + [(topics.OUTCOMES.name, env) for env in outcomes]
+    counted = Counter(env.event_id for _, env in every)
+    twice = sorted({(topic, env.event_type, env.correlation_id, str(env.event_id))
+                    for topic, env in every if counted[env.event_id] > 1})
     assert not twice, f"events on the log more than once: {twice}"
 
     asked, ended = _by_request(requests), _by_request(outcomes)
