@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     kafka_ssl_certfile: str | None = None
     kafka_ssl_keyfile: str | None = None
     kafka_ssl_check_hostname: bool = True
+    # Copies of each partition the platform's topics are made with (1 for one broker; 3 on a
+    # cluster, with min.insync.replicas=2). Unset: the cluster's default.replication.factor.
+    kafka_replication_factor: int | None = Field(default=None, ge=1)
     # any SQLAlchemy URL: postgresql+psycopg://... or sqlite:///...
     database_url: str = ""
     # s3://bucket/prefix or file:///path

@@ -45,6 +45,8 @@ class Bootstrap:
             options["security"] = kafka_security(settings)
             if timeout_s:
                 options["timeout_s"] = timeout_s
+            if settings.kafka_replication_factor:
+                options["replication_factor"] = settings.kafka_replication_factor
         log = open_event_log(settings.event_log_url, **options)
         if settings.event_log_namespace:
             log = NamespacedEventLog(log, settings.event_log_namespace)

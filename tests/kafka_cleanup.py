@@ -68,3 +68,9 @@ def delete_prefixed(url: str, prefix: str) -> int:
     by one that was interrupted. Benchmarks run one at a time: a concurrent one would
     lose its topics."""
     return _delete(url[len("kafka://"):].split(","), lambda name: name.startswith(prefix))
+
+
+def forget(prefix: str) -> None:
+    """Drops the topics under `prefix` from those to delete at the end of the session: they
+    were made on a cluster of a test's own, gone with it, and the shared broker has none."""
+    _created.difference_update({name for name in _created if name.startswith(prefix)})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition as KafkaTP
@@ -27,7 +28,9 @@ RECONNECT_BACKOFF_MAX_MS = 1000
 
 class KafkaEventLog(EventLog):
     """`group_options` go to each group member's `KafkaConsumer` (session and heartbeat
-    timeouts; tests lower them), `producer_options` to every `KafkaProducer`."""
+    timeouts; tests lower them), `producer_options` to every `KafkaProducer`.
+    `replication_factor`: copies of each partition of the topics it makes (None: the
+    cluster's `default.replication.factor`)."""
 
     def __init__(
         self,
@@ -38,9 +41,11 @@ class KafkaEventLog(EventLog):
         group_options: dict | None = None,
         producer_options: dict | None = None,
         security: dict | None = None,
+        replication_factor: int | None = None,
     ):
         servers = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
         self._timeout_s = timeout_s
+        self._replication_factor = -1 if replication_factor is None else replication_factor  # -1: the broker's
         self._client_id = client_id
         ms = int(timeout_s * 1000)
         # `security`: SASL and TLS options (pipelines.kafka_security), for every client it makes.
@@ -68,7 +73,7 @@ class KafkaEventLog(EventLog):
         if not specs:
             return
         # retention.ms=-1 spelled out: the broker default (7 days) would silently drop durable topics.
-        wanted = {s.name: {"num_partitions": s.partitions,
+        wanted = {s.name: {"num_partitions": s.partitions, "replication_factor": self._replication_factor,
                            "configs": {"retention.ms": str(-1 if s.retention_ms is None else s.retention_ms)}}
                   for s in specs}
         result = self._admin.create_topics(wanted, timeout_ms=int(self._timeout_s * 1000), raise_errors=False)
@@ -144,6 +149,24 @@ class KafkaEventLog(EventLog):
                                   meta.timestamp if meta.timestamp >= 0 else stamp))
         return records
 
+    @contextmanager
+    def _reading(self):
+        """The shared reader's lock; a reader whose lookup timed out is dropped, and the next
+        call makes a new one. After a broker was cut off mid-request, kafka-python 3.0.12's
+        consumer could stay without metadata once it was back, every lookup timing out for
+        minutes (tests/perf/probe_kafka_cluster.py)."""
+        with self._read_lock:
+            try:
+                yield
+            except kerr.KafkaTimeoutError:
+                reader, self._reader = self._reader, None
+                if reader is not None:
+                    try:
+                        reader.close(autocommit=False, timeout_ms=0)
+                    except Exception:  # noqa: BLE001 - a stuck client closing badly changes nothing here
+                        pass
+                raise
+
     def _reader_for(self, tp: KafkaTP) -> KafkaConsumer:
         if self._reader is None:
             # A short fetch wait. The consumer fetches ahead after each poll, and a read of
@@ -161,7 +184,7 @@ class KafkaEventLog(EventLog):
         tp = self._check(topic, partition)
         start = time.monotonic()
         deadline = start + max(0.0, timeout_s)
-        with self._read_lock:
+        with self._reading():
             reader = self._reader_for(tp)
             # Without a wait of the caller's, whether committed records are there decides
             # whether to wait for a fetch. With one, the fetch goes first: a record known to
@@ -197,7 +220,7 @@ class KafkaEventLog(EventLog):
         `commit_with` are not dense; `append` (no transaction) gives dense offsets.
         """
         tp = self._check(topic, partition)
-        with self._read_lock:
+        with self._reading():
             return self._end(self._reader_for(tp), tp)
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -207,7 +230,7 @@ class KafkaEventLog(EventLog):
             return {}
         deadline = time.monotonic() + self._timeout_s
         ends: dict[KafkaTP, int] = {}
-        with self._read_lock:
+        with self._reading():
             reader = self._reader_for(wanted[0])
             while True:
                 missing = [tp for tp in wanted if tp not in ends]
@@ -227,7 +250,7 @@ class KafkaEventLog(EventLog):
     def low_offset(self, topic: str, partition: int) -> int:
         """The first offset still stored; reads below it start there."""
         tp = self._check(topic, partition)
-        with self._read_lock:
+        with self._reading():
             reader = self._reader_for(tp)
             return reader.beginning_offsets([tp], timeout_ms=int(self._timeout_s * 1000))[tp]
 

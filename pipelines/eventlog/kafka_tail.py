@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from kafka import KafkaConsumer
+from kafka.errors import KafkaTimeoutError
 
 from pipelines.eventlog.base import Record, Tail
 from pipelines.eventlog.kafka_groups import to_record
@@ -26,13 +27,33 @@ class KafkaTail(Tail):
         self.offsets = dict(offsets)
         self._timeout_ms = int(log._timeout_s * 1000)  # noqa: SLF001
         self._tps = {p: log._check(topic, p) for p in self.offsets}  # noqa: SLF001 - validates the range
+        self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._consumer = self._open()
+
+    def _open(self) -> KafkaConsumer:
         # A short broker-side wait: the fetch returns at the first record anyway, and a
         # short one keeps `poll(timeout_s)` close to the caller's timeout when idle.
-        self._consumer = KafkaConsumer(**log.consumer_config(
-            client_id=f"{log._client_id}-tail", fetch_max_wait_ms=fetch_max_wait_ms))  # noqa: SLF001
-        self._consumer.assign(list(self._tps.values()))
+        consumer = KafkaConsumer(**self._log.consumer_config(
+            client_id=f"{self._log._client_id}-tail", fetch_max_wait_ms=self._fetch_max_wait_ms))  # noqa: SLF001
+        consumer.assign(list(self._tps.values()))
         for partition, tp in self._tps.items():
-            self._consumer.seek(tp, offsets[partition])
+            consumer.seek(tp, self.offsets[partition])
+        return consumer
+
+    def _lookup(self, ask: Callable[[KafkaConsumer], dict]) -> dict:
+        """`ask` of the consumer; one that timed out is replaced before the error goes up.
+        After a broker was cut off mid-request, kafka-python 3.0.12's consumer could stay
+        without metadata once it was back, each lookup timing out for minutes
+        (tests/perf/probe_kafka_cluster.py); a new one starts clean at the same positions."""
+        try:
+            return ask(self._consumer)
+        except KafkaTimeoutError:
+            stuck, self._consumer = self._consumer, self._open()
+            try:
+                stuck.close(autocommit=False, timeout_ms=0)
+            except Exception:  # noqa: BLE001 - a stuck client closing badly changes nothing here
+                pass
+            raise
 
     def poll(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Record]:
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
@@ -48,11 +69,11 @@ class KafkaTail(Tail):
         return out
 
     def end_offsets(self) -> dict[int, int]:
-        ends = self._consumer.end_offsets(list(self._tps.values()), timeout_ms=self._timeout_ms)
+        ends = self._lookup(lambda c: c.end_offsets(list(self._tps.values()), timeout_ms=self._timeout_ms))
         return {tp.partition: offset for tp, offset in ends.items()}
 
     def low_offsets(self) -> dict[int, int]:
-        lows = self._consumer.beginning_offsets(list(self._tps.values()), timeout_ms=self._timeout_ms)
+        lows = self._lookup(lambda c: c.beginning_offsets(list(self._tps.values()), timeout_ms=self._timeout_ms))
         return {tp.partition: offset for tp, offset in lows.items()}
 
     def seek(self, partition: int, offset: int) -> None:
@@ -60,8 +81,8 @@ class KafkaTail(Tail):
         self.offsets[partition] = offset
 
     def seek_to_time(self, timestamp_ms: int) -> None:
-        found = self._consumer.offsets_for_times({tp: timestamp_ms for tp in self._tps.values()},
-                                                 timeout_ms=self._timeout_ms)
+        found = self._lookup(lambda c: c.offsets_for_times({tp: timestamp_ms for tp in self._tps.values()},
+                                                           timeout_ms=self._timeout_ms))
         ends = self.end_offsets()
         for partition, tp in self._tps.items():
             at = found.get(tp)

@@ -56,6 +56,20 @@ def test_a_namespace_wraps_the_log_and_topics_are_made_only_when_asked(tmp_path)
         assert log.partitions(topics.REQUESTS.name) == topics.REQUESTS.partitions
 
 
+@pytest.mark.parametrize("factor", [None, 3])
+def test_the_replication_factor_setting_reaches_the_kafka_adapter(tmp_path, monkeypatch, factor):
+    opened = {}
+
+    def open_event_log(url, **options):
+        opened.update(options, url=url)
+        return object()
+    monkeypatch.setattr("pipelines.bootstrap.open_event_log", open_event_log)
+    Bootstrap(settings(tmp_path, event_log_url="kafka://k1:9092,k2:9092",
+                       kafka_replication_factor=factor)).event_log(create_topics=False)
+    assert opened["url"] == "kafka://k1:9092,k2:9092"
+    assert opened.get("replication_factor") == factor  # unset: the adapter leaves it to the cluster
+
+
 def test_the_projection_database_follows_its_url(tmp_path):
     platform = Bootstrap(settings(tmp_path, database_url="postgresql+psycopg://u:p@127.0.0.1:1/ledger"))
     engine = platform.projection_db()  # made, not connected: nothing listens on port 1
