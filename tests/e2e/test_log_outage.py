@@ -187,7 +187,8 @@ def test_the_platform_rides_out_a_frozen_then_a_restarted_broker(tiny_model_dir,
 
             # The log: every 2xx is there, completed; every reservation settles exactly once.
             ok = {client_request_id(tenant_id, r["request_id"]) for r in results if r["status"] == 200}
-            assert all(r["code"] == "completed" for r in results if r["status"] == 200)
+            assert all(r["code"] == "completed" for r in results if r["status"] == 200), \
+                [r for r in results if r["status"] == 200 and r["code"] != "completed"]
 
             def settled_all():
                 ledger = _by_request(platform.log, topics.LEDGER)
