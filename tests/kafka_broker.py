@@ -85,7 +85,8 @@ rootLogger.appenderRef.file.ref = file
                 f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}", "-cp", f"{self._libs}/*", *args]
 
     def _format(self) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Base64url of 16 random bytes; a leading "-" would read as an option to the storage tool.
+        cluster_id = "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()[1:]
         done = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
                                          str(self.config)), capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"formatting the broker's storage failed: {done.stdout}{done.stderr}"

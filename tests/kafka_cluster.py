@@ -95,7 +95,8 @@ logger.state.level = WARN
                 f"-Dlog4j2.configurationFile={self._dir(node) / 'log4j2.properties'}", "-cp", f"{self._libs}/*", *args]
 
     def _format(self) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Base64url of 16 random bytes; a leading "-" would read as an option to the storage tool.
+        cluster_id = "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()[1:]
         formats = {n: subprocess.Popen(self._java(n, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
                                                   str(self._write_config(n))),
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
