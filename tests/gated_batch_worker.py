@@ -11,13 +11,13 @@ service away while a chunk is between its generation and its Parquet write.
 from __future__ import annotations
 
 import os
-import time
 from functools import partial
 from pathlib import Path
 
 import workers.batch_metrics  # noqa: F401 - the child serves /metrics when LEDGERLM_METRICS_PORT is set
 from workers import batch
 from workers.batch_engine import EngineSlot, GenResult
+from tests.helpers import wait_until
 
 GATE_WAIT_S = 120.0  # a test that never opens the gate has failed long before this
 
@@ -35,9 +35,7 @@ class StandInBatchEngine:
         if gate:
             StandInBatchEngine.calls += 1
             (Path(gate) / f"held-{StandInBatchEngine.calls}").touch()
-            deadline = time.monotonic() + GATE_WAIT_S
-            while not (Path(gate) / "open").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)  # a file written by another process: nothing to wait on but the file
+            wait_until((Path(gate) / "open").exists, GATE_WAIT_S, what=f"the test to open the batch gate {gate}")
         return [GenResult(f"echo of {tenant_id}", list(r.prompt_token_ids[:r.max_tokens]), "length",
                           len(r.prompt_token_ids)) for r in requests]
 
