@@ -79,35 +79,31 @@ class Leaders:
         self.topic = f"{namespace}.{topics.LEDGER.name}"
         self.partition = partition_for(tenant_id, topics.LEDGER.partitions)
 
-    def of_ledger(self, servers: list[str]) -> int | None:
-        """The leader's node id; None while the nodes asked cannot say (a client may still
-        try a node that has just been cut off, until the others fence it)."""
+    def _ask(self, servers: list[str], question):
+        """`question(admin)` of the nodes in `servers`; None while they cannot say (a client
+        may still try a node that has just been cut off, until the others fence it)."""
         try:
             admin = KafkaAdminClient(bootstrap_servers=servers, client_id="ledgerlm-cluster-test",
                                      request_timeout_ms=5000)
         except KafkaError:
             return None
         try:
-            return self.cluster.leader_of(admin, self.topic, self.partition)
+            return question(admin)
         except KafkaError:
             return None
         finally:
             admin.close()
 
+    def of_ledger(self, servers: list[str]) -> int | None:
+        """The ledger partition's leader's node id, or None."""
+        return self._ask(servers, lambda admin: self.cluster.leader_of(admin, self.topic, self.partition))
+
     def in_sync(self, servers: list[str]) -> set[int] | None:
-        """The ledger partition's in-sync replicas, as the nodes in `servers` see them."""
-        try:
-            admin = KafkaAdminClient(bootstrap_servers=servers, client_id="ledgerlm-cluster-test",
-                                     request_timeout_ms=5000)
-        except KafkaError:
-            return None
-        try:
+        """The ledger partition's in-sync replicas, as the nodes in `servers` see them, or None."""
+        def isr(admin) -> set[int]:
             (info,) = admin.describe_topics([self.topic])
             return next(set(p["isr_nodes"]) for p in info["partitions"] if p["partition_index"] == self.partition)
-        except KafkaError:
-            return None
-        finally:
-            admin.close()
+        return self._ask(servers, isr)
 
     def replicas(self) -> dict[str, set[int]]:
         """Each of the platform's topics: the replica counts of its partitions."""
