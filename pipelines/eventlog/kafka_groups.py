@@ -82,6 +82,7 @@ class KafkaGroupConsumer(GroupConsumer):
         self._polled_under = None  # group metadata when the first of those was handed out
         self._stale = False  # records were handed out from partitions a rebalance took away
         self._zombie = False  # a newer producer with our transactional id exists
+        self._unresolved = False  # a unit failed, and its transaction may not be complete yet
         self._closed = False
 
     def _revoked(self, revoked) -> None:
@@ -160,19 +161,19 @@ class KafkaGroupConsumer(GroupConsumer):
             producer.begin_transaction()
             futures = [producer.send(topic, key=m.key.encode(), value=bytes(m.value),
                                      partition=self._log.place(topic, m)) for topic, m in outputs]
-            offsets_in = None
             if self._positions if chosen is None else chosen:
                 offsets_in = producer._transaction_manager.send_offsets_to_transaction(  # noqa: SLF001
                     self._offsets(chosen), membership)
-            # Everything of the unit is queued before anything is awaited: the client sends
-            # the commit (EndTxn) only after the records are written and the offsets are in,
-            # and not at all once one of them failed. One wait for the sender thread instead
-            # of three; on a busy interpreter each costs a thread switch or more.
+                # The offsets must be in the transaction before the commit is asked for. Asked
+                # at once, kafka-python could send the EndTxn while the offsets' commit was
+                # still unanswered (seen during a node's failover): the outputs then committed
+                # without the positions, and their inputs were read, and decided, again.
+                if not offsets_in.wait(timeout_ms=self._timeout_s * 1000):
+                    raise kerr.KafkaTimeoutError(f"offsets of {self.member_id} not added in {self._timeout_s}s")
+            # The records need not be awaited first: the client sends the EndTxn only after
+            # they are written, and not at all once one of them failed.
             run_txn_step(producer, "begin_commit", timeout_s=self._timeout_s)
             written = [future.get(timeout=self._timeout_s) for future in futures]
-            if offsets_in is not None and not offsets_in.succeeded:
-                raise EventLogError(f"offsets of {self.member_id} not in the committed unit: "
-                                    f"{offsets_in.exception!r}")
         except BaseException as exc:
             self._abort(producer, exc)
             if isinstance(exc, FENCING_ERRORS):
@@ -230,20 +231,31 @@ class KafkaGroupConsumer(GroupConsumer):
         return self._producer
 
     def _abort(self, producer: KafkaProducer, cause: BaseException) -> None:
+        """Ends a unit that failed. Its outcome is left unknown here: a commit whose answer was
+        lost may have gone through. So the producer is dropped, and the next one's
+        `init_transactions` (same transactional id), run before any committed position is read
+        again (`_resolve_unit`), aborts the transaction or waits until its commit is complete,
+        markers written; only then do the positions and the outputs agree for a reader."""
         if isinstance(cause, ZOMBIE_ERRORS):
             self._zombie = True
-        if isinstance(cause, UNREACHABLE_ERRORS):
-            # The broker did not answer in time: an abort would wait as long again, and the
-            # transaction's state is unknown. The next producer's init_transactions (same
-            # transactional id) aborts it, or finds it committed, once the broker is back.
-            self.drop_producer(f"after {cause!r}")
-            return
-        try:
-            run_txn_step(producer, "begin_abort", timeout_s=self._timeout_s)
-        except Exception as exc:
-            # A producer that cannot abort is dropped; the next one's init_transactions
-            # aborts the open transaction (or the zombie flag stops us from making one).
-            self.drop_producer(f"after {cause!r} (abort failed: {exc!r})")
+        self._unresolved = not self._zombie
+        if not isinstance(cause, UNREACHABLE_ERRORS) and not self._zombie:
+            # The broker answers: aborting now saves the next producer from waiting out the
+            # transaction's timeout. Whether it worked or not, the next producer settles it.
+            try:
+                run_txn_step(producer, "begin_abort", timeout_s=self._timeout_s)
+            except Exception as exc:
+                logger.info("abort of %s failed: %r", self.member_id, exc)
+        self.drop_producer(f"after {cause!r}")
+
+    def _resolve_unit(self) -> None:
+        """Settles the transaction a failed unit may have left open or half-complete (see `_abort`)."""
+        if self._unresolved and not self._zombie:
+            try:
+                self._transactional_producer()
+            except kerr.KafkaError as exc:
+                raise EventLogError(f"the last unit of {self.member_id} is not settled yet: {exc!r}") from exc
+            self._unresolved = False
 
     def drop_producer(self, why: str) -> None:
         """Closes the transactional producer without waiting; the next unit opens a new one."""
@@ -258,7 +270,7 @@ class KafkaGroupConsumer(GroupConsumer):
     def _fence(self, why: str, cause: BaseException | None = None) -> None:
         try:
             self.seek_to_committed()
-        except kerr.KafkaError as exc:
+        except (kerr.KafkaError, EventLogError) as exc:
             logger.info("seek after fencing %s failed: %r; the next poll rejoins", self.member_id, exc)
         raise Fenced(f"{self.member_id} in {self._group!r}: {why}; nothing was committed") from cause
 
@@ -269,6 +281,7 @@ class KafkaGroupConsumer(GroupConsumer):
             return None
 
     def committed(self, topic: str, partition: int) -> int | None:
+        self._resolve_unit()
         return self._consumer.committed(KafkaTP(topic, partition), timeout_ms=int(self._timeout_s * 1000))
 
     def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
@@ -278,6 +291,7 @@ class KafkaGroupConsumer(GroupConsumer):
     def _fetch_committed(self, partitions: list[KafkaTP]) -> dict[KafkaTP, int | None]:
         """One OffsetFetch for all of them: kafka-python's `committed` asks per partition,
         its coordinator's `fetch_committed_offsets` (which `committed` calls) for a list."""
+        self._resolve_unit()
         found = self._consumer._coordinator.fetch_committed_offsets(  # noqa: SLF001
             partitions, timeout_ms=int(self._timeout_s * 1000)) if partitions else {}
         return {tp: found[tp].offset if tp in found else None for tp in partitions}

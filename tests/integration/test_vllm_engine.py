@@ -109,43 +109,47 @@ def test_tenant_is_required(engine_runner):
 def test_lower_priority_value_gets_the_next_free_seat(engine_runner, vllm_engine):
     # vLLM 0.32 orders its waiting queue by (priority, arrival) and picks preemption victims
     # by priority under KV pressure; it does not evict a running request to free a seat.
+    # The seat is freed on purpose (one holder aborted), once both waiters are queued: a
+    # seat that came free by itself could go before the second waiter arrived on a slow host.
     seats = 8  # max_num_seqs of the session engine
 
-    async def scenario() -> list[str]:
-        finished: list[str] = []
+    async def scenario() -> list[tuple[str, str | None]]:
+        ended: list[tuple[str, str | None]] = []
         started = [asyncio.Event() for _ in range(seats)]
 
         async def run(name: str, req: EngineRequest, started: asyncio.Event | None = None):
+            delta = None
             async for delta in vllm_engine.generate(req):
                 if started is not None:
                     started.set()
-            assert delta.finish_reason == "length"
-            finished.append(name)
+            ended.append((name, None if delta is None else delta.finish_reason))
 
-        async def queued(count: int) -> None:
-            while vllm_engine.unfinished_requests() < count:
+        async def until(condition) -> None:
+            while not condition():
                 await asyncio.sleep(0.001)
 
-        # Staggered lengths free one seat at a time.
         eos = {"ignore_eos": True}
-        tasks = [
-            asyncio.create_task(
-                run(f"long{i}", request(priority=5, max_output_tokens=100 + 50 * i, **eos), e)
-            )
-            for i, e in enumerate(started)
-        ]
+        holders = [request(priority=5, max_output_tokens=400, **eos) for _ in range(seats)]
+        tasks = [asyncio.create_task(run(f"long{i}", r, e)) for i, (r, e) in enumerate(zip(holders, started))]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
         short = {"max_output_tokens": 8, "ignore_eos": True}
         tasks.append(asyncio.create_task(run("patient", request(priority=9, **short))))
-        await asyncio.wait_for(queued(seats + 1), 30)  # patient arrives first
+        await asyncio.wait_for(until(lambda: vllm_engine.unfinished_requests() >= seats + 1), 30)  # patient first
         tasks.append(asyncio.create_task(run("urgent", request(priority=0, **short))))
-        await asyncio.gather(*tasks)
-        return finished
+        await asyncio.wait_for(until(lambda: vllm_engine.unfinished_requests() >= seats + 2), 30)
+        await vllm_engine.abort(holders[0].request_id)
+        await asyncio.wait_for(until(lambda: any(name == "patient" for name, _ in ended)), 120)
+        for holder in holders[1:]:
+            await vllm_engine.abort(holder.request_id)
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        return ended
 
-    finished = engine_runner.submit(scenario(), timeout=180)
+    ended = engine_runner.submit(scenario(), timeout=240)
     # Both waited for long0's seat; urgent took it though patient came first, and patient
-    # got the seat urgent left, long before long1 finished.
-    assert finished[:4] == ["long0", "urgent", "patient", "long1"]
+    # got the seat urgent left, while every other holder still ran.
+    assert ended[0][0] == "long0"
+    assert ended[1:3] == [("urgent", "length"), ("patient", "length")]
+    assert all(reason != "length" for name, reason in ended if name.startswith("long"))
 
 
 def test_concurrent_streams_each_get_their_own_tokens(engine_runner):
