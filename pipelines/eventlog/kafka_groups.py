@@ -164,6 +164,7 @@ class KafkaGroupConsumer(GroupConsumer):
             if self._positions if chosen is None else chosen:
                 offsets_in = producer._transaction_manager.send_offsets_to_transaction(  # noqa: SLF001
                     self._offsets(chosen), membership)
+                producer._sender.wakeup()  # noqa: SLF001 - with no record sent, nothing else wakes it
                 # The offsets must be in the transaction before the commit is asked for. Asked
                 # at once, kafka-python could send the EndTxn while the offsets' commit was
                 # still unanswered (seen during a node's failover): the outputs then committed
