@@ -157,6 +157,7 @@ class KafkaGroupConsumer(GroupConsumer):
             return
         membership = self._membership()
         producer = self._transactional_producer()
+        commit_asked = False
         try:
             producer.begin_transaction()
             futures = [producer.send(topic, key=m.key.encode(), value=bytes(m.value),
@@ -173,10 +174,11 @@ class KafkaGroupConsumer(GroupConsumer):
                     raise kerr.KafkaTimeoutError(f"offsets of {self.member_id} not added in {self._timeout_s}s")
             # The records need not be awaited first: the client sends the EndTxn only after
             # they are written, and not at all once one of them failed.
+            commit_asked = True
             run_txn_step(producer, "begin_commit", timeout_s=self._timeout_s)
             written = [future.get(timeout=self._timeout_s) for future in futures]
         except BaseException as exc:
-            self._abort(producer, exc)
+            self._abort(producer, exc, commit_asked=commit_asked)
             if isinstance(exc, FENCING_ERRORS):
                 self._fence(repr(exc), exc)
             if isinstance(exc, kerr.KafkaError):
@@ -231,23 +233,29 @@ class KafkaGroupConsumer(GroupConsumer):
             self._producer = producer
         return self._producer
 
-    def _abort(self, producer: KafkaProducer, cause: BaseException) -> None:
-        """Ends a unit that failed. Its outcome is left unknown here: a commit whose answer was
-        lost may have gone through. So the producer is dropped, and the next one's
-        `init_transactions` (same transactional id), run before any committed position is read
-        again (`_resolve_unit`), aborts the transaction or waits until its commit is complete,
-        markers written; only then do the positions and the outputs agree for a reader."""
+    def _abort(self, producer: KafkaProducer, cause: BaseException, *, commit_asked: bool) -> None:
+        """Ends a unit that failed. Once its commit was asked for, or the broker stopped
+        answering, its outcome is unknown here: a commit whose answer was lost may have gone
+        through, and an open transaction holding offsets keeps them from being read until it
+        times out. Then the producer is dropped, and the next one's `init_transactions` (same
+        transactional id), run before any committed position is read again (`_resolve_unit`),
+        aborts the transaction or waits until its commit is complete, markers written. A
+        unit that failed before its commit was asked for is aborted in place."""
         if isinstance(cause, ZOMBIE_ERRORS):
             self._zombie = True
-        self._unresolved = not self._zombie
-        if not isinstance(cause, UNREACHABLE_ERRORS) and not self._zombie:
-            # The broker answers: aborting now saves the next producer from waiting out the
-            # transaction's timeout. Whether it worked or not, the next producer settles it.
-            try:
-                run_txn_step(producer, "begin_abort", timeout_s=self._timeout_s)
-            except Exception as exc:
-                logger.info("abort of %s failed: %r", self.member_id, exc)
-        self.drop_producer(f"after {cause!r}")
+        if (commit_asked or isinstance(cause, UNREACHABLE_ERRORS)) and not self._zombie:
+            self._unresolved = True
+            self.drop_producer(f"after {cause!r}")
+            return
+        try:
+            run_txn_step(producer, "begin_abort", timeout_s=self._timeout_s)
+            # kafka-python keeps offsets it could not commit for the next transaction's
+            # offset commit, where they would rewind partitions this unit no longer owns.
+            producer._transaction_manager._pending_txn_offset_commits.clear()  # noqa: SLF001
+        except Exception as exc:
+            # A producer that cannot abort is dropped; the next one's init_transactions
+            # aborts the open transaction (or the zombie flag stops us from making one).
+            self.drop_producer(f"after {cause!r} (abort failed: {exc!r})")
 
     def _resolve_unit(self) -> None:
         """Settles the transaction a failed unit may have left open or half-complete (see `_abort`)."""
