@@ -199,12 +199,15 @@ def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook)
                   delivered_output_tokens=getattr(p, "delivered_output_tokens", None))
 
 
-def expire_overdue(*, book: ReservationBook, now: datetime) -> Outputs:
+def expire_overdue(*, book: ReservationBook, now: datetime, read_to: datetime | None = None) -> Outputs:
     """Reservations whose request never ended by deadline + grace (a lost worker, say):
     the request fails as expired, and its reservation is settled at zero and released.
-    Zero, because what a lost worker made never reached the ledger."""
+    Zero, because what a lost worker made never reached the ledger. `read_to`: when the
+    caller last read all of its input; an end written before then has been settled, so a
+    reservation is judged overdue as of then (a processor held up by a failover reads the
+    ends that wait for it before taking them for missing)."""
     outputs: Outputs = []
-    for reservation in book.expired(now):
+    for reservation in book.expired(now if read_to is None else min(now, read_to)):
         cause = new_event(ReservationExpired(request_id=reservation.request_id,
                                              reservation_id=reservation.reservation_id),
                           tenant_id=reservation.tenant_id, correlation_id=reservation.request_id, occurred_at=now)
@@ -274,6 +277,7 @@ class AdmissionProcessor:
     # and markers), so a settlement alone cost as much as the reservation it ends.
     SETTLE_LINGER_S = 0.25
     POLL_RECORDS = 200
+    CATCH_UP_CHECK_S = 0.25
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  estimate: ServiceEstimate | None = None, taker: Taker | None = None,
@@ -304,6 +308,7 @@ class AdmissionProcessor:
         # When admission last read all its input appended before then: a worker judged lost is
         # judged no later, so every end it wrote has been read (and settled) first.
         self._read_to: datetime | None = None
+        self._catch_up_due = 0.0
         if fleet is None and lost_after_s is not None:
             fleet = FleetWatch(log, lost_after_s=lost_after_s)
         self.fleet = fleet
@@ -390,7 +395,7 @@ class AdmissionProcessor:
             self._rebuild(owned)
             return 0
         if len(records) < self.POLL_RECORDS:
-            self._read_to = polled_at  # what was appended before the poll has been read
+            self._read_to = self._read_all_at(polled_at) or self._read_to
         try:
             # Only decisions on records read the registry: an empty poll makes no look.
             registry = self._registry_view.refresh() if records else None
@@ -411,7 +416,8 @@ class AdmissionProcessor:
                 else:
                     settling += decided
             now = datetime.now(timezone.utc)
-            settling += expire_overdue(book=self.book, now=now)
+            if self._read_to is not None:  # ends that wait to be read are settled first, at their usage
+                settling += expire_overdue(book=self.book, now=now, read_to=self._read_to)
             if time.monotonic() - self._pruned_at >= 1.0:  # queued work that ended unseen (expired, lost)
                 self._pruned_at = time.monotonic()
                 self.capacity.prune(self.book.open)
@@ -445,6 +451,23 @@ class AdmissionProcessor:
             self._consumer.seek_to_committed()
             self._forget_unwritten()
         return len(records)
+
+    def _read_all_at(self, polled_at: datetime) -> datetime | None:
+        """When admission last read all of its input appended before then, after a poll that
+        was not full. On a log that tells positions (Kafka), a poll's records may still be on
+        their way (a fetch in flight, or a failover), so it is when every partition it owns
+        was read to the end offsets it asks now (at most every `CATCH_UP_CHECK_S`); None
+        when not, or not checked this time. Elsewhere the poll read to its start."""
+        owned = sorted(self._consumer.assignment())
+        positions = [self._consumer.position(t, p) for t, p in owned]
+        if None in positions:
+            return polled_at
+        if time.monotonic() < self._catch_up_due:
+            return None
+        self._catch_up_due = time.monotonic() + self.CATCH_UP_CHECK_S
+        asked_at = datetime.now(timezone.utc)
+        ends = self._log.end_offsets(owned)
+        return asked_at if all(at >= ends[tp] for tp, at in zip(owned, positions)) else None
 
     def _unit_due(self, polled: bool) -> bool:
         """With no request decided: whether what waits (settlements, or positions of records

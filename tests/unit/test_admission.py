@@ -134,6 +134,17 @@ def test_every_terminal_path_settles_once_and_releases_the_rest():
     assert not book.open
 
 
+def test_work_is_judged_overdue_as_of_the_last_complete_read_so_an_end_waiting_to_be_read_settles_it():
+    reg, book = registry(), ReservationBook()
+    handle_requested(requested("held", deadline_s=10), registry=reg, book=book, now=T0, grace=GRACE)
+    # Admission was held up (a failover): the wall clock is past deadline + grace, but it has
+    # read its input only to 12 s. The end written meanwhile settles it, at its usage.
+    assert expire_overdue(book=book, now=T0 + timedelta(seconds=40), read_to=T0 + timedelta(seconds=12)) == []
+    out = handle_terminal(completed("held", output_tokens=4), registry=reg, book=book)
+    assert out[0][1].payload.terminal_status == "completed" and out[0][1].payload.output_tokens == 4
+    assert expire_overdue(book=book, now=T0 + timedelta(seconds=60), read_to=T0 + timedelta(seconds=60)) == []
+
+
 def test_lost_work_expires_at_deadline_plus_grace_and_a_late_terminal_is_ignored():
     reg, book = registry(), ReservationBook()
     handle_requested(requested("lost", deadline_s=10), registry=reg, book=book, now=T0, grace=GRACE)
