@@ -456,15 +456,15 @@ class AdmissionProcessor:
         """When admission last read all of its input appended before then, after a poll that
         was not full. On a log that tells positions (Kafka), a poll's records may still be on
         their way (a fetch in flight, or a failover), so it is when every partition it owns
-        was read to the end offsets it asks now (at most every `CATCH_UP_CHECK_S`); None
-        when not, or not checked this time. Elsewhere the poll read to its start."""
+        was read to the end offsets it asks now; elsewhere the poll read to its start. Checked
+        at most every `CATCH_UP_CHECK_S` (None between checks, or when not caught up)."""
+        if time.monotonic() < self._catch_up_due:
+            return None
+        self._catch_up_due = time.monotonic() + self.CATCH_UP_CHECK_S
         owned = sorted(self._consumer.assignment())
         positions = [self._consumer.position(t, p) for t, p in owned]
         if None in positions:
             return polled_at
-        if time.monotonic() < self._catch_up_due:
-            return None
-        self._catch_up_due = time.monotonic() + self.CATCH_UP_CHECK_S
         asked_at = datetime.now(timezone.utc)
         ends = self._log.end_offsets(owned)
         return asked_at if all(at >= ends[tp] for tp, at in zip(owned, positions)) else None
