@@ -154,7 +154,7 @@ class KafkaEventLog(EventLog):
         """The shared reader's lock; a reader whose lookup timed out is dropped, and the next
         call makes a new one. After a broker was cut off mid-request, kafka-python 3.0.12's
         consumer could stay without metadata once it was back, every lookup timing out for
-        minutes (tests/perf/probe_kafka_cluster.py)."""
+        minutes (tests/e2e/test_kafka_cluster.py)."""
         with self._read_lock:
             try:
                 yield

@@ -44,7 +44,7 @@ class KafkaTail(Tail):
         """`ask` of the consumer; one that timed out is replaced before the error goes up.
         After a broker was cut off mid-request, kafka-python 3.0.12's consumer could stay
         without metadata once it was back, each lookup timing out for minutes
-        (tests/perf/probe_kafka_cluster.py); a new one starts clean at the same positions."""
+        (tests/e2e/test_kafka_cluster.py); a new one starts clean at the same positions."""
         try:
             return ask(self._consumer)
         except KafkaTimeoutError:
