@@ -49,6 +49,7 @@ from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
 from models.topics import Topic
 from pipelines.capacity import CapacityBook, QueueBound, key_of
+from pipelines.catch_up import CatchUp
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
@@ -277,7 +278,6 @@ class AdmissionProcessor:
     # and markers), so a settlement alone cost as much as the reservation it ends.
     SETTLE_LINGER_S = 0.25
     POLL_RECORDS = 200
-    CATCH_UP_CHECK_S = 0.25
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  estimate: ServiceEstimate | None = None, taker: Taker | None = None,
@@ -308,7 +308,7 @@ class AdmissionProcessor:
         # When admission last read all its input appended before then: a worker judged lost is
         # judged no later, so every end it wrote has been read (and settled) first.
         self._read_to: datetime | None = None
-        self._catch_up_due = 0.0
+        self._catch_up = CatchUp(log, self._consumer)
         if fleet is None and lost_after_s is not None:
             fleet = FleetWatch(log, lost_after_s=lost_after_s)
         self.fleet = fleet
@@ -395,7 +395,7 @@ class AdmissionProcessor:
             self._rebuild(owned)
             return 0
         if len(records) < self.POLL_RECORDS:
-            self._read_to = self._read_all_at(polled_at) or self._read_to
+            self._read_to = self._catch_up.read_all_at(polled_at) or self._read_to
         try:
             # Only decisions on records read the registry: an empty poll makes no look.
             registry = self._registry_view.refresh() if records else None
@@ -451,23 +451,6 @@ class AdmissionProcessor:
             self._consumer.seek_to_committed()
             self._forget_unwritten()
         return len(records)
-
-    def _read_all_at(self, polled_at: datetime) -> datetime | None:
-        """When admission last read all of its input appended before then, after a poll that
-        was not full. On a log that tells positions (Kafka), a poll's records may still be on
-        their way (a fetch in flight, or a failover), so it is when every partition it owns
-        was read to the end offsets it asks now; elsewhere the poll read to its start. Checked
-        at most every `CATCH_UP_CHECK_S` (None between checks, or when not caught up)."""
-        if time.monotonic() < self._catch_up_due:
-            return None
-        self._catch_up_due = time.monotonic() + self.CATCH_UP_CHECK_S
-        owned = sorted(self._consumer.assignment())
-        positions = [self._consumer.position(t, p) for t, p in owned]
-        if None in positions:
-            return polled_at
-        asked_at = datetime.now(timezone.utc)
-        ends = self._log.end_offsets(owned)
-        return asked_at if all(at >= ends[tp] for tp, at in zip(owned, positions)) else None
 
     def _unit_due(self, polled: bool) -> bool:
         """With no request decided: whether what waits (settlements, or positions of records
