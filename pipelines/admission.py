@@ -305,8 +305,9 @@ class AdmissionProcessor:
         self._idle = IdlePositions()
         self._settling: Outputs = []  # settlements decided, not yet written (`SETTLE_LINGER_S`)
         self._settling_since = 0.0
-        # When admission last read all its input appended before then: a worker judged lost is
-        # judged no later, so every end it wrote has been read (and settled) first.
+        # When admission last read all its input appended before then (`pipelines.catch_up`): a
+        # worker judged lost, or a reservation judged overdue, is judged no later, so every end
+        # written before then has been read (and settled at its usage) first.
         self._read_to: datetime | None = None
         self._catch_up = CatchUp(log, self._consumer)
         if fleet is None and lost_after_s is not None:
