@@ -30,15 +30,29 @@ class Subscription:
     def __init__(self, hub: "StreamHub", tenant_id: str, request_id: str, loop: asyncio.AbstractEventLoop):
         self.tenant_id, self.request_id = tenant_id, request_id
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
-        self._hub, self._loop = hub, loop
-
-    def deliver(self, events: list[StreamEvent]) -> None:
-        """Hands over a batch in one wake-up of the subscriber's loop."""
-        self._loop.call_soon_threadsafe(self._put_all, events)
+        self._hub, self.loop = hub, loop
 
     def _put_all(self, events: list[StreamEvent]) -> None:
         for event in events:
             self.queue.put_nowait(event)
+
+
+def _deliver_on_loop(batches: list[tuple[Subscription, list[StreamEvent]]]) -> None:
+    for sub, events in batches:
+        sub._put_all(events)
+
+
+def deliver_all(batches: dict[Subscription, list[StreamEvent]]) -> None:
+    """Hands every subscriber its batch with one wake-up per event loop, not one per
+    subscriber: a poll that carries tokens of hundreds of streams wakes the API's loop once."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Subscription, list[StreamEvent]]]] = {}
+    for sub, events in batches.items():
+        by_loop.setdefault(sub.loop, []).append((sub, events))
+    for loop, work in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver_on_loop, work)
+        except RuntimeError:  # that loop closed (its server stopped): nobody is left to read
+            pass
 
     def close(self) -> None:
         self._hub.unsubscribe(self)
@@ -112,8 +126,7 @@ class StreamHub:
                 for sub, event in self._route(record):
                     batches.setdefault(sub, []).append(event)
                 self._positions[record.partition] = record.offset + 1
-            for sub, events in batches.items():
-                sub.deliver(events)
+            deliver_all(batches)
 
     def _route(self, record) -> list[tuple[Subscription, StreamEvent]]:
         """Who this record goes to: decided now, so a later subscriber never gets it."""

@@ -82,14 +82,14 @@ def serving_pids(names=("api", "admission", "worker")) -> list[int]:
 
 
 @contextmanager
-def vllm_server(model: Path, home: Path, kv_cache_gb: float):
+def vllm_server(model: Path, home: Path, kv_cache_gb: float, max_seqs: int = MAX_SEQS):
     """vLLM's own OpenAI server on the model, configured as the platform worker's engine
     (`workers.vllm_engine.VllmEngineConfig.engine_args`)."""
     from tests.harness import MODEL_ALIAS, free_port
     from tests.helpers import Launched
     from workers.vllm_engine import VllmEngineConfig
 
-    args = VllmEngineConfig(model=model, max_model_len=512, max_num_seqs=MAX_SEQS, kv_cache_gb=kv_cache_gb).engine_args()
+    args = VllmEngineConfig(model=model, max_model_len=512, max_num_seqs=max_seqs, kv_cache_gb=kv_cache_gb).engine_args()
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", args["model"], "--served-model-name", MODEL_ALIAS, "--max-model-len", str(args["max_model_len"]),
