@@ -32,14 +32,23 @@ class Subscription:
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self._hub, self.loop = hub, loop
 
-    def _put_all(self, events: list[StreamEvent]) -> None:
+    def put_all(self, events: list[StreamEvent]) -> None:
         for event in events:
             self.queue.put_nowait(event)
+
+    def close(self) -> None:
+        self._hub.unsubscribe(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _deliver_on_loop(batches: list[tuple[Subscription, list[StreamEvent]]]) -> None:
     for sub, events in batches:
-        sub._put_all(events)
+        sub.put_all(events)
 
 
 def deliver_all(batches: dict[Subscription, list[StreamEvent]]) -> None:
@@ -53,15 +62,6 @@ def deliver_all(batches: dict[Subscription, list[StreamEvent]]) -> None:
             loop.call_soon_threadsafe(_deliver_on_loop, work)
         except RuntimeError:  # that loop closed (its server stopped): nobody is left to read
             pass
-
-    def close(self) -> None:
-        self._hub.unsubscribe(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class StreamHub:

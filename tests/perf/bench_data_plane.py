@@ -40,19 +40,22 @@ KEY_VARS = ("LOADTEST_KEY_A", "LOADTEST_KEY_B", "LOADTEST_KEY_C", "LOADTEST_KEY_
 
 
 @contextmanager
-def platform_server(log: str, home: Path, streams: int, args):
-    """The platform as deployed, on the paced engine with a seat for every stream."""
+def platform_server(target: str, home: Path, streams: int, args):
+    """The platform as deployed with a seat for every stream: on the paced engine
+    (`embedded`, `kafka`), or on vLLM with the tiny model (`embedded-vllm`, `kafka-vllm`)."""
     from tests.perf.deployed import deployed
-
     from workers.tiny_model import make_tiny_model
 
+    log, _, engine = target.partition("-")
     # The API counts prompt tokens with the model directory's tokenizer; the paced engine
     # reads nothing else from it.
     model = make_tiny_model(home / "tiny", seed=0, shape="tiny")
-    env = {"LEDGERLM_ENGINE_FACTORY": "workers.paced_engine:PacedEngine.from_settings",
-           "LEDGERLM_PACED_TOKENS_PER_S": str(args.tokens_per_s), "LEDGERLM_PACED_MAX_SEQS": str(streams),
-           "LEDGERLM_ENGINE_STATS": "0"}
-    with deployed(log, model, home / f"platform-{log}-{streams}", max_seqs=streams, take_ahead=0,
+    env = {"LEDGERLM_KV_CACHE_GB": str(args.kv_cache_gb)}
+    if engine != "vllm":
+        env.update({"LEDGERLM_ENGINE_FACTORY": "workers.paced_engine:PacedEngine.from_settings",
+                    "LEDGERLM_PACED_TOKENS_PER_S": str(args.tokens_per_s), "LEDGERLM_PACED_MAX_SEQS": str(streams),
+                    "LEDGERLM_ENGINE_STATS": "0"})
+    with deployed(log, model, home / f"platform-{target}-{streams}", max_seqs=streams, take_ahead=0,
                   stream_linger_ms=args.stream_linger_ms, environment=env) as platform:
         keys = {var: platform.tenant()[1] for var in KEY_VARS}
         yield platform.base_url, serving_pids(), keys
