@@ -129,6 +129,12 @@ class Settings(BaseSettings):
     # capacity falls (`pipelines.capacity.QueueBound`).
     admission_queued_per_slot: float = Field(default=4.0, gt=0)
     admission_queued_floor: int = Field(default=512, ge=0)
+    # The least service admission assumes for a revision before it has measured any (ms to
+    # the first token, then per further output token): deadlines are judged and the queue
+    # drained at this pace until completions say better (`pipelines.capacity.Floors`). The
+    # defaults are far below any real engine, so only hopeless deadlines are refused.
+    admission_floor_first_token_ms: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    admission_floor_ms_per_output_token: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     default_deadline_ms: int = 120_000
     # How long the API waits for admission's decision on a request (and for the log) before
     # answering 503 `admission_timeout` / `log_unavailable` with Retry-After; a request

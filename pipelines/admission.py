@@ -44,17 +44,18 @@ from models.events_generation import (
     GenerationQueued, GenerationRejected, GenerationRequested, GenerationStarted, ReservationExpired,
     ReservationReleased, UsageSettled,
 )
-from models.quota import Ask, Reject, decide, min_service_ms
+from models.quota import Ask, Reject, decide
 from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
 from models.topics import Topic
-from pipelines.capacity import CapacityBook, QueueBound, key_of
+from pipelines.capacity import CapacityBook, Floors, QueueBound, ServiceEstimate, key_of
 from pipelines.catch_up import CatchUp
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.outage import Readiness, is_transient, keep_running
 from pipelines.routing import Outputs, to_outputs
+from pipelines.service_readback import read_back_rates
 from pipelines.suspension import SuspensionSweep
 
 logger = logging.getLogger(__name__)
@@ -72,29 +73,6 @@ def cost_micros(revision: Revision | None, input_tokens: int, output_tokens: int
         return 0
     return (_ceil_div(input_tokens * revision.price_input_per_1k_micros, 1000)
             + _ceil_div(output_tokens * revision.price_output_per_1k_micros, 1000))
-
-
-@dataclass
-class ServiceEstimate:
-    """How long serving takes at best, for rejecting work whose deadline cannot be met.
-
-    `queue_ms` follows the queue times workers report (`GenerationStarted.queued_ms`) in
-    this processor's partitions, smoothed; the per-token figures are floors to configure
-    per engine (the defaults are far below any real engine, so only hopeless deadlines
-    are refused). Not rebuilt from the log: after a restart it starts at zero queue time.
-    """
-
-    first_token_ms: int = 5
-    ms_per_output_token: float = 0.5
-    queue_ms: float = 0.0
-    smoothing: float = 0.2
-
-    def observe_queue(self, queued_ms: int) -> None:
-        self.queue_ms += self.smoothing * (queued_ms - self.queue_ms)
-
-    def min_service_ms(self, max_output_tokens: int) -> int:
-        return min_service_ms(max_output_tokens, queue_ms=int(self.queue_ms), first_token_ms=self.first_token_ms,
-                              ms_per_output_token=self.ms_per_output_token)
 
 
 def reject(env: Envelope, decision: Reject, *, book: ReservationBook, now: datetime) -> Outputs:
@@ -280,20 +258,20 @@ class AdmissionProcessor:
     POLL_RECORDS = 200
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
-                 estimate: ServiceEstimate | None = None, taker: Taker | None = None,
+                 floors: Floors | None = None, taker: Taker | None = None,
                  on_written: Callable[[Outputs], None] | None = None,
                  lost_after_s: float | None = DEFAULT_LOST_AFTER_S, fleet: FleetWatch | None = None,
                  queue_bound: QueueBound | None = None):
         """`lost_after_s`: how long a worker is silent before its generations end (None: never,
         they expire); `fleet` replaces the watch it would make for that, and gives the live
-        capacity admission decides with (`pipelines.capacity`, bounded by `queue_bound`)."""
+        capacity admission decides with (`pipelines.capacity`, bounded by `queue_bound`; `floors`:
+        the service assumed before any is measured, `Settings.admission_floor_*`)."""
         self._log = log
         self._on_written = on_written  # told what each committed unit wrote (metrics)
         self._taker = taker
         self._takings: list[Taking] = []
         self._registry_view = registry_view
         self._grace = grace
-        self.estimate = estimate or ServiceEstimate()
         self._consumer = log.consumer(self.GROUP, [topics.REQUESTS.name, topics.OUTCOMES.name], member_id=member_id)
         self.book = ReservationBook()
         self.owned: set[int] | None = None  # ledger partitions the book was built for
@@ -313,7 +291,8 @@ class AdmissionProcessor:
         if fleet is None and lost_after_s is not None:
             fleet = FleetWatch(log, lost_after_s=lost_after_s)
         self.fleet = fleet
-        self.capacity = CapacityBook(fleet.view if fleet is not None else None, bound=queue_bound)
+        self.capacity = CapacityBook(fleet.view if fleet is not None else None, bound=queue_bound, floors=floors)
+        self.estimate: ServiceEstimate = self.capacity.estimate  # the quota's, followed with the rates
         self._pruned_at = 0.0
         self.suspension = SuspensionSweep(registry_view)
 
@@ -323,6 +302,8 @@ class AdmissionProcessor:
     def _rebuild(self, owned: set[int]) -> None:
         self.book, self._clock = rebuild(self._log, owned)
         self.capacity.forget_queue()
+        registry = self._registry_view.refresh()  # the pools the rates were measured for
+        read_back_rates(self._log, self._consumer, owned, self.capacity, key=lambda env: self._key(registry, env))
         if self.fleet is not None:  # which worker runs what: read back from the outcomes topic
             note_running(self._log, self.book, owned)
         self.owned = owned
@@ -343,7 +324,6 @@ class AdmissionProcessor:
                     self.capacity.queued(p.request_id, self._key(registry, env), p.priority)
             return outputs
         if isinstance(p, GenerationStarted):
-            self.estimate.observe_queue(p.queued_ms)
             self.capacity.started(p.request_id, self._key(registry, env), p.queued_ms)
             self.book.started(p.request_id, p.worker_id)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):

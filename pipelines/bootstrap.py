@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported where used: a process that needs no database never
 
     from pipelines.admin import RegistryView
     from pipelines.batch.queue import CeleryChunkQueue
+    from pipelines.capacity import Floors
     from pipelines.objectstore import ObjectStore
 
 
@@ -90,6 +91,12 @@ class Bootstrap:
         settings = self.settings
         return CeleryChunkQueue(settings.celery_broker_url, settings.batch_queue,
                                 chunk_time_limit_s=settings.batch_chunk_time_limit_s)
+
+    def service_floors(self) -> Floors:
+        """The service admission assumes before it measures any (`admission_floor_*`)."""
+        from pipelines.capacity import Floors
+
+        return Floors.from_settings(self.settings)
 
     def engine_factory(self) -> Callable[[Settings], Any]:
         """The callable `engine_factory` names ("module:attribute.path"), imported now. The

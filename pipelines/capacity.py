@@ -12,8 +12,10 @@ What admission knows of one (pool, revision) when it decides a request (an `Outl
   took is in both), so the larger of them is taken, never their sum;
 - service rates measured from what admission reads (`ServiceRates`), smoothed: queue time
   from starts, time to first token and time per output token from completed generations'
-  timings, and the whole service time. Until measured, the heartbeats' tokens/s stand in
-  for the time per token, and the floors (`Floors`) for the rest.
+  timings, and the whole service time. Until measured, the floors (`Floors`, set by
+  `Settings.admission_floor_*`). A restarted (or rebalanced) processor folds the latest
+  starts and ends of its partitions again (`pipelines.service_readback`), so it decides
+  with the rates its predecessor measured.
 
 The decisions (`check`, pure): no live worker → `no_capacity`; the queue ahead over its
 bound (`QueueBound`, proportional to the live slots) → `shed`, normal priority first, high
@@ -29,9 +31,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Protocol
 
 from models import topics
-from models.events_generation import GenerationCompleted, GenerationRequested
+from models.events import Envelope
+from models.events_generation import (
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRequested, GenerationStarted,
+)
 from models.fleet import PoolCapacity, WorkerState
-from models.quota import Reject
+from models.quota import Reject, min_service_ms
 
 Key = tuple[str, str]  # (pool, revision)
 NO_CAPACITY_RETRY_MS = 2000  # a worker joining (or restarting) is seen within about this long
@@ -52,8 +57,8 @@ def _smooth(old: float | None, new: float, smoothing: float) -> float:
 
 @dataclass
 class ServiceRates:
-    """Service measured for one (pool, revision), smoothed; None until first seen. Not
-    rebuilt from the log: a restarted processor measures again (floors meanwhile)."""
+    """Service measured for one (pool, revision), smoothed; None until first seen. Rebuilt
+    from the log with the book (`pipelines.service_readback`)."""
 
     smoothing: float = 0.2
     queue_ms: float | None = None
@@ -76,10 +81,48 @@ class ServiceRates:
 
 @dataclass(frozen=True)
 class Floors:
-    """The least an engine takes, before anything is measured: far below any real engine."""
+    """The least an engine takes, before anything is measured. The defaults are far below
+    any real engine, so only hopeless deadlines are refused; set them per deployment
+    (`Settings.admission_floor_first_token_ms`, `..._ms_per_output_token`) to refuse sooner
+    what a cold admission would otherwise queue to miss its deadline."""
 
     first_token_ms: float = 5.0
     ms_per_output_token: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("first_token_ms", "ms_per_output_token"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"service floor {name} must be a finite number of ms, 0 or more, not {value!r}")
+
+    @classmethod
+    def from_settings(cls, settings) -> "Floors":
+        return cls(first_token_ms=settings.admission_floor_first_token_ms,
+                   ms_per_output_token=settings.admission_floor_ms_per_output_token)
+
+
+@dataclass
+class ServiceEstimate:
+    """How long serving takes at best, for the quota's deadline check (`models.quota`), made
+    before the fleet's is: the floors, plus the queue times workers report
+    (`GenerationStarted.queued_ms`) in this processor's partitions, smoothed. Read back with
+    the rates when the book is rebuilt."""
+
+    first_token_ms: float = Floors.first_token_ms
+    ms_per_output_token: float = Floors.ms_per_output_token
+    queue_ms: float = 0.0
+    smoothing: float = 0.2
+
+    @classmethod
+    def from_floors(cls, floors: Floors) -> "ServiceEstimate":
+        return cls(first_token_ms=floors.first_token_ms, ms_per_output_token=floors.ms_per_output_token)
+
+    def observe_queue(self, queued_ms: int) -> None:
+        self.queue_ms += self.smoothing * (queued_ms - self.queue_ms)
+
+    def min_service_ms(self, max_output_tokens: int) -> int:
+        return min_service_ms(max_output_tokens, queue_ms=int(self.queue_ms), first_token_ms=self.first_token_ms,
+                              ms_per_output_token=self.ms_per_output_token)
 
 
 @dataclass(frozen=True)
@@ -196,7 +239,8 @@ def wall_clock() -> datetime:
 
 class CapacityBook:
     """Admission's side: what it queued and has not seen start or end, the service rates it
-    measured, and the fleet's live capacity (`source`; None: nothing is refused for capacity)."""
+    measured (and the quota's `estimate`), and the fleet's live capacity (`source`; None:
+    nothing is refused for capacity)."""
 
     def __init__(self, source: CapacitySource | None, *, bound: QueueBound | None = None,
                  floors: Floors | None = None, hold_s: float = NO_CAPACITY_HOLD_S,
@@ -207,6 +251,7 @@ class CapacityBook:
         self._since = clock()
         self.bound = bound or QueueBound()
         self.floors = floors or Floors()
+        self.estimate = ServiceEstimate.from_floors(self.floors)
         self.rates: dict[Key, ServiceRates] = {}
         self._queued: dict[str, tuple[Key, bool]] = {}  # request id -> (key, high)
         self._counts: dict[Key, list[int]] = {}  # key -> [queued, of which high]
@@ -236,11 +281,25 @@ class CapacityBook:
     def started(self, request_id: str, key: Key, queued_ms: int) -> None:
         key = self._unqueue(request_id) or key
         self.rates_of(key).observe_start(queued_ms)
+        self.estimate.observe_queue(queued_ms)
 
     def ended(self, request_id: str, key: Key, payload) -> None:
         key = self._unqueue(request_id) or key
         if isinstance(payload, GenerationCompleted):
             self.rates_of(key).observe_completed(payload)
+
+    def observe(self, env: Envelope, key: Key) -> None:
+        """Follows one outcome of `key` (a start or an end; anything else is no measure)."""
+        p = env.payload
+        if isinstance(p, GenerationStarted):
+            self.started(p.request_id, key, p.queued_ms)
+        elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
+            self.ended(p.request_id, key, p)
+
+    def forget_rates(self) -> None:
+        """Before the rates are read back: only what the log holds is measured."""
+        self.rates.clear()
+        self.estimate.queue_ms = 0.0
 
     def prune(self, open_ids) -> None:
         """Forgets queued work no longer open (expired, ended as lost, or never written)."""

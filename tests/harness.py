@@ -155,7 +155,8 @@ class Platform:
         processor = AdmissionProcessor(self._log(), RegistryView(self._log()),
                                        grace=timedelta(seconds=self.settings.grace_s), taker=taker,
                                        lost_after_s=self.settings.worker_lost_after_s,
-                                       queue_bound=QueueBound.from_settings(self.settings))
+                                       queue_bound=QueueBound.from_settings(self.settings),
+                                       floors=Bootstrap(self.settings).service_floors())
         self.admission = processor
         loop = Loop("admission", lambda: processor.run_once(0.05), processor.close).start()
         self.loops.append(loop)

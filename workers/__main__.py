@@ -83,7 +83,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
                                    member_id=f"{worker.worker_id}-admission",
                                    on_written=metrics.written if metrics is not None else None,
                                    lost_after_s=settings.worker_lost_after_s,
-                                   queue_bound=QueueBound.from_settings(settings))
+                                   queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors())
     if metrics is not None:
         metrics.follow(processor)
 

@@ -1,17 +1,27 @@
 """Capacity-aware admission: each decision with injected capacity and measured rates, the
-queue admission counts, and the hook in `handle_requested` (refused before it queues)."""
+queue admission counts, and the hook in `handle_requested` (refused before it queues); the
+floors from the settings, and the measured rates read back from the log after a restart."""
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+from pydantic import ValidationError
+
 from api.errors import rejection_error
 from models import topics
-from models.events_generation import GenerationCompleted, GenerationRejected, Timings
+from models.events import new_event
+from models.events_generation import GenerationCompleted, GenerationRejected, GenerationStarted, Timings
 from models.events_fleet import Capacity
 from models.fleet import PoolCapacity, WorkerState
 from models.reservations import ReservationBook
+from models.settings import Settings
 from pipelines.admission import handle_requested
-from pipelines.capacity import CapacityBook, Outlook, QueueBound, ServiceRates, check, estimate, key_of
+from pipelines.bootstrap import Bootstrap, topic_specs
+from pipelines.capacity import CapacityBook, Floors, Outlook, QueueBound, ServiceRates, check, estimate, key_of
+from pipelines.eventlog import open_event_log
+from pipelines.routing import publish
+from pipelines.service_readback import read_back_rates
 from tests.unit.test_admission import GRACE, REV, T0, registry, requested, types
 
 KEY = key_of(None, REV)
@@ -223,3 +233,95 @@ def test_now_is_when_the_deadline_counts_from():
 
 def test_key_names_the_shared_pool():
     assert key_of(None, REV) == (topics.SHARED_POOL, REV) == key_of(topics.SHARED_POOL, REV)
+
+
+# -- the floors are settings; the measured rates are read back from the log --------------
+
+
+def test_the_floors_come_from_the_settings_and_feed_both_deadline_checks(monkeypatch):
+    monkeypatch.setenv("LEDGERLM_ADMISSION_FLOOR_FIRST_TOKEN_MS", "50")
+    monkeypatch.setenv("LEDGERLM_ADMISSION_FLOOR_MS_PER_OUTPUT_TOKEN", "2")
+    floors = Bootstrap(Settings()).service_floors()
+    assert floors == Floors(first_token_ms=50, ms_per_output_token=2)
+    book = CapacityBook(FakeFleet({KEY: live()}), floors=floors)
+    assert book.estimate.min_service_ms(101) == 50 + 200  # the quota's check, before the fleet's
+    req = requested("r1", max_output_tokens=101, deadline_s=0.2).payload
+    assert book.check(req, pool=None, asked_at=T0, now=T0).reason == "deadline"
+    assert CapacityBook(FakeFleet({KEY: live()})).check(req, pool=None, asked_at=T0, now=T0) is None
+
+
+@pytest.mark.parametrize("name", ["ADMISSION_FLOOR_FIRST_TOKEN_MS", "ADMISSION_FLOOR_MS_PER_OUTPUT_TOKEN"])
+def test_a_negative_floor_is_refused_at_start(monkeypatch, name):
+    monkeypatch.setenv(f"LEDGERLM_{name}", "-1")
+    with pytest.raises(ValidationError, match=name.lower()):
+        Settings()
+    with pytest.raises(ValueError, match="ms_per_output_token"):
+        Floors(ms_per_output_token=-0.5)
+
+
+class CommittedAt:
+    """A group consumer as far as the read-back asks it: the committed outcomes positions."""
+
+    def __init__(self, log, **less):
+        self.ends = {p: log.end_offset(topics.OUTCOMES.name, p) - less.get("by", 0)
+                     for p in range(log.partitions(topics.OUTCOMES.name))}
+
+    def committed_offsets(self, partitions):
+        return {(t, p): self.ends[p] or None for t, p in partitions}
+
+
+def outcomes_of(tenant: str, revision: str, n: int, *, ttft_ms: int, duration_ms: int, queued_ms: int):
+    out = []
+    for i in range(n):
+        rid = f"{revision}-{i}"
+        out.append(new_event(GenerationStarted(request_id=rid, worker_id="w", model_revision=revision,
+                                               queued_ms=queued_ms + 10 * i), tenant_id=tenant, correlation_id=rid))
+        done = completed(11, ttft_ms=ttft_ms + i, duration_ms=duration_ms + 7 * i)
+        out.append(new_event(done.model_copy(update={"request_id": rid, "model_revision": revision}),
+                             tenant_id=tenant, correlation_id=rid))
+    return out
+
+
+def test_a_restarted_book_reads_back_the_rates_its_predecessor_measured(tmp_path):
+    log = open_event_log(f"sqlite:///{tmp_path / 'log.db'}")
+    log.ensure_topics(topic_specs())
+    slow = key_of(None, "slow@1")
+    events = outcomes_of("acme", REV, 30, ttft_ms=200, duration_ms=1200, queued_ms=50) \
+        + outcomes_of("acme", "slow@1", 12, ttft_ms=900, duration_ms=4000, queued_ms=400)
+    publish(log, topics.OUTCOMES, events)
+    key = lambda env: key_of(None, env.payload.model_revision)  # noqa: E731
+    measured_live = CapacityBook(FakeFleet({KEY: live(running=8), slow: live(running=8)}))
+    for env in events:  # as admission follows them
+        measured_live.observe(env, key(env))
+
+    restarted = CapacityBook(FakeFleet({KEY: live(running=8), slow: live(running=8)}))
+    partitions = set(range(log.partitions(topics.OUTCOMES.name)))
+    assert read_back_rates(log, CommittedAt(log), partitions, restarted, key=key) == len(events)
+    assert restarted.rates == measured_live.rates and restarted.rates[slow].tpot_ms > 200
+    assert restarted.estimate.queue_ms == measured_live.estimate.queue_ms > 0
+    # A decision that depends on the measured pace is the same; the floors alone would admit it.
+    for book in (measured_live, restarted):
+        book.queued("q", slow, "normal")
+    req = requested("r1", max_output_tokens=11, deadline_s=3.0).payload.model_copy(update={"model_revision": "slow@1"})
+    decided = [book.check(req, pool=None, asked_at=T0, now=T0) for book in (measured_live, restarted)]
+    assert decided[0] == decided[1] and decided[0].reason == "deadline"
+    assert CapacityBook(FakeFleet({slow: live(running=8)})).check(req, pool=None, asked_at=T0, now=T0) is None
+
+
+def test_what_is_past_the_committed_position_is_left_to_be_polled(tmp_path):
+    log = open_event_log(f"sqlite:///{tmp_path / 'log.db'}")
+    log.ensure_topics(topic_specs())
+    events = outcomes_of("acme", REV, 5, ttft_ms=200, duration_ms=1200, queued_ms=50)
+    publish(log, topics.OUTCOMES, events)
+    key = lambda env: KEY  # noqa: E731
+    committed_before_the_last = CapacityBook(None)
+    for env in events[:-2]:
+        committed_before_the_last.observe(env, KEY)
+    restarted = CapacityBook(None)
+    restarted.observe(events[0], KEY)  # what it held before is forgotten, not added to
+    partitions = set(range(log.partitions(topics.OUTCOMES.name)))
+    assert read_back_rates(log, CommittedAt(log, by=2), partitions, restarted, key=key) == len(events) - 2
+    assert restarted.rates == committed_before_the_last.rates
+    # Never committed: nothing is read back, all of it is polled again.
+    assert read_back_rates(log, CommittedAt(log, by=len(events)), partitions, restarted, key=key) == 0
+    assert restarted.rates == {}
