@@ -8,7 +8,7 @@ The platform runs as deployed (`tests/perf/deployed.py`): `ledgerlm serve api`,
 all of one revision, each on an engine of known speed (`tests.slow_engine`, `--token-ms`
 per token, `--max-seqs` at once). A client in this process sends `--rate` non-streamed
 requests a second, open loop, half high priority and half normal, from `--tenants`
-tenants spread over the work topics' partitions, each with `--deadline-ms`. After a
+tenants, each with `--deadline-ms`. After a
 primer (one request per tenant and priority, all answered), `--warmup` s (not counted) and
 `--before` s, the worker process running the most
 generations (as its heartbeats say) is SIGKILLed, as a crash would end it; the load runs
@@ -18,9 +18,10 @@ generations (as its heartbeats say) is SIGKILLed, as a crash would end it; the l
   terminal record on the outcomes topic (`worker_lost`, written by admission);
 - until the lower capacity is seen: a `FleetView` in this process (admission's judge of a
   silent worker, on the same settings) and the API's `GET /v1/models/{alias}` serving count;
-- until the killed worker's queued work is taken by another worker (its consumer group
-  drops it after the session timeout): the first start, after the kill, of work of a
-  (tenant, priority) that the killed worker served before;
+- until the killed worker's queued work is taken by another worker: the work topics are
+  keyed by request, so the killed worker's share is the (priority, partition) pairs it took
+  from before the kill; the first start of work from those by another worker, and the start
+  of the last request that was already queued there at the kill;
 - goodput per priority (requests answered 200 within their deadline, per second) in three
   windows by answer time: before the kill, during (the kill until all of the above
   happened) and after; errors by HTTP status and code; requests started twice (none should).
@@ -51,7 +52,6 @@ from tests.perf.bench_noisy_neighbour import bench_topics_cleared, percentile  #
 from tests.perf.results import record_run  # noqa: E402
 
 SECTION = "## Failover"
-WORK_PARTITIONS = 4  # of each work topic (models.topics.work_topic)
 
 
 def kafka_url() -> None:
@@ -66,21 +66,14 @@ def kafka_url() -> None:
 
 
 def tenants(view, count: int) -> list[tuple[str, str]]:
-    """`count` new tenants and a key of each, dealt evenly over the work topics' partitions
-    (work is keyed by tenant), so every partition, and so every worker given one, has load."""
+    """`count` new tenants and a key of each, each allowed priority high (half its load)."""
     from pipelines import admin
-    from pipelines.eventlog import partition_for
 
     made: list[tuple[str, str]] = []
-    per: Counter = Counter()
     while len(made) < count:
         tenant_id = "t" + uuid.uuid4().hex[:10]
-        partition = partition_for(tenant_id, WORK_PARTITIONS)
-        if per[partition] >= -(-count // WORK_PARTITIONS):
-            continue
-        per[partition] += 1
         admin.create_tenant(view, tenant_id=tenant_id, name=tenant_id, actor="bench")
-        admin.set_limits(view, tenant_id=tenant_id, actor="bench", may_send_high=True)  # half its load is high
+        admin.set_limits(view, tenant_id=tenant_id, actor="bench", may_send_high=True)
         secret, _ = admin.issue_key(view, tenant_id=tenant_id, actor="bench", scopes=("generate",),
                                     application_id="default")
         made.append((tenant_id, secret))
@@ -194,14 +187,15 @@ class Load:
 def outcomes_of(log) -> tuple[dict, dict, Counter, dict]:
     """From the log: starts {request id: (worker, tenant, stamp s)}, terminals {request id:
     (status, stamp s)} (the first of each), how often each request started, and each
-    request's priority."""
+    request's (priority, stamp s of its request)."""
     from models import topics
     from models.events import decode
 
-    starts, ends, started = {}, {}, Counter()
-    priority = {env.payload.request_id: env.payload.priority
-                for env in (decode(r.value) for r in log.read_topic(topics.REQUESTS.name, page=5000))
-                if env.event_type == "GenerationRequested"}
+    starts, ends, started, requested = {}, {}, Counter(), {}
+    for record in log.read_topic(topics.REQUESTS.name, page=5000):
+        env = decode(record.value)
+        if env.event_type == "GenerationRequested":
+            requested[env.payload.request_id] = (env.payload.priority, record.timestamp_ms / 1000)
     for record in log.read_topic(topics.OUTCOMES.name, page=5000):
         env = decode(record.value)
         p, at = env.payload, record.timestamp_ms / 1000
@@ -211,23 +205,36 @@ def outcomes_of(log) -> tuple[dict, dict, Counter, dict]:
         elif env.event_type in ("GenerationCompleted", "GenerationFailed", "GenerationCancelled"):
             status = getattr(p, "error_code", None) or env.event_type.removeprefix("Generation").lower()
             ends.setdefault(p.request_id, (status, at))
-    return starts, ends, started, priority
+    return starts, ends, started, requested
+
+
+def work_partition(request_id: str, priority: str | None) -> tuple[str | None, int]:
+    """Which work topic and partition a request waited on: the topics are keyed by request."""
+    from models import topics
+    from pipelines.eventlog import partition_for
+
+    return priority, partition_for(request_id, topics.WORK_PARTITIONS)
 
 
 def failover(log, victim: str, killed: float) -> dict:
     """What the log says of the kill: the victim's in-flight generations and their ends, and
-    when its (tenant, priority) work was first started elsewhere."""
-    starts, ends, started, priority = outcomes_of(log)
+    when work that waited on the victim's partitions was started by another worker: the
+    first such start, and the last of the work that was already queued at the kill."""
+    starts, ends, started, requested = outcomes_of(log)
     in_flight = {r: ends.get(r) for r, (w, _, at) in starts.items()
                  if w == victim and at < killed and (r not in ends or ends[r][1] >= killed)}
     to_end = sorted(end[1] - killed for end in in_flight.values() if end is not None)
-    served = {(t, priority.get(r)) for r, (w, t, at) in starts.items() if w == victim and at < killed}
-    moved = [at - killed for r, (w, t, at) in starts.items()
-             if w != victim and at >= killed and (t, priority.get(r)) in served]
+    priority = {r: p for r, (p, _) in requested.items()}
+    owned = {work_partition(r, priority.get(r)) for r, (w, _, at) in starts.items() if w == victim and at < killed}
+    moved = [(at - killed, r) for r, (w, _, at) in starts.items()
+             if w != victim and at >= killed and work_partition(r, priority.get(r)) in owned]
+    backlog = [t for t, r in moved if requested.get(r, (None, killed))[1] < killed]
     return {"in_flight": len(in_flight), "never_ended": sum(1 for e in in_flight.values() if e is None),
             "ended_as": dict(Counter(e[0] for e in in_flight.values() if e is not None)),
             "to_terminal_first_s": to_end[0] if to_end else None, "to_terminal_last_s": to_end[-1] if to_end else None,
-            "taken_over_s": min(moved) if moved else None,
+            "victim_partitions": len(owned),
+            "taken_over_s": min(t for t, _ in moved) if moved else None,
+            "backlog_taken": len(backlog), "backlog_last_s": max(backlog) if backlog else None,
             "workers_serving_before": len({w for w, _, at in starts.values() if at < killed}),
             "started_twice": sum(1 for n in started.values() if n > 1)}
 
@@ -331,7 +338,11 @@ def table(found: dict, args) -> str:
              f"{fmt(found['to_terminal_last_s'])} |",
              f"| kill to a `FleetView` counting one worker less (as admission judges) | {fmt(found['fleet_seen_s'])} |",
              f"| kill to the API's `serving.workers` one less | {fmt(found['api_seen_s'])} |",
-             f"| kill to its (tenant, priority) work first started by another worker | {fmt(found['taken_over_s'])} |",
+             f"| work partitions the killed worker took from before the kill | {found['victim_partitions']} |",
+             f"| kill to the first start of work from those partitions by another worker | "
+             f"{fmt(found['taken_over_s'])} |",
+             f"| work queued there at the kill, started by others: count / the last one's start after the kill | "
+             f"{found['backlog_taken']} / {fmt(found['backlog_last_s'])} |",
              f"| requests started twice | {found['started_twice']} |", "",
              "| window | seconds | priority | answers | within deadline | goodput (/s) | p95 latency | late | errors |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|"]
