@@ -17,6 +17,8 @@ What 0.32 expects, and why this adapter does what it does:
   processes (its scheduler) onto those CPUs too, for a worker that asks for it.
 - `AsyncLLM.shutdown(timeout)` SIGTERMs the EngineCore process, which stops its worker;
   anything still alive after that is killed here, so no process outlives `close()`.
+- A process that dies without `close()` (SIGKILL runs no handler) would leave those
+  processes orphaned, so a reaper (`workers.reaper`) started before them ends them then.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from workers.engine import (
     InvalidEngineRequest,
 )
 from workers.engine_stats import EngineStats
+from workers.reaper import Reaper
 
 if TYPE_CHECKING:
     from models.settings import Settings
@@ -171,6 +174,7 @@ class VllmEngine(InferenceEngine):
         self._tokenizer_lock = threading.Lock()
         self._revision: str | None = None
         self._compute_cpus: set[int] = set()
+        self._reaper: Reaper | None = None
         self.start_seconds: float | None = None
         self.stats = EngineStats() if config.log_stats else None
 
@@ -199,6 +203,9 @@ class VllmEngine(InferenceEngine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # Before the engine's processes, so a death during the start leaves none either.
+        if self._reaper is None:
+            self._reaper = Reaper.start()
         me = psutil.Process()
         before = {p.pid for p in me.children(recursive=True)}
         began = time.monotonic()
@@ -329,10 +336,15 @@ class VllmEngine(InferenceEngine):
                 llm.shutdown(timeout=self.config.shutdown_timeout_s)
         finally:
             processes, self._processes = self._processes, []
-            _, alive = psutil.wait_procs(processes, timeout=self.config.shutdown_timeout_s)
-            for process in alive:
-                process.kill()
-            psutil.wait_procs(alive, timeout=5)
+            reaper, self._reaper = self._reaper, None
+            try:
+                _, alive = psutil.wait_procs(processes, timeout=self.config.shutdown_timeout_s)
+                for process in alive:
+                    process.kill()
+                psutil.wait_procs(alive, timeout=5)
+            finally:
+                if reaper is not None:  # the engine's processes are gone: nothing left to reap
+                    reaper.release()
 
     def _running(self) -> Any:
         if self._llm is None:

@@ -4,17 +4,20 @@ exactly once and the tenant's one concurrency slot is free again. Real processes
 admission and workers as deployed) on an engine of known speed (`tests.slow_engine`); on
 the embedded log with an admission process, and on Kafka with admission in the workers
 (`serve worker --admit`), where the killed process may take its tenants' admission with it
-and the survivor's takes them over once the group sees it gone (its session timeout)."""
+and the survivor's takes them over once the group sees it gone (its session timeout).
+And a worker on vLLM itself SIGKILLed: the engine's processes end with it."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
 
 import httpx
+import psutil
 import pytest
 
 from models import topics
@@ -91,3 +94,36 @@ def test_a_sigkilled_worker_is_lost_in_seconds_and_its_stream_ends(log_kind, adm
                                what="the API to route the tenant to the shared pool")
             assert again.status_code == 200 and again.json()["type"] == "completed", again.text
         assert doomed.proc.returncode == -signal.SIGKILL
+
+
+def alive(process: psutil.Process) -> bool:
+    try:  # an orphan that exited is a zombie until its new parent waits for it: it holds nothing
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_sigkilled_worker_s_engine_processes_end_with_it(tiny_model_dir, tmp_path):
+    """No handler runs on a SIGKILL, so `close()` never stops the engine: vLLM's EngineCore,
+    its Worker and the resource tracker (about 1 GB each) would live on, orphaned. The worker
+    alone, on the embedded log: nothing else is needed to start it and kill it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("LEDGERLM_EVENT_LOG_URL", "LEDGERLM_EVENT_LOG_NAMESPACE")}
+    env.update({"PYTHONUNBUFFERED": "1", "LEDGERLM_HOME": str(home), "LEDGERLM_MODEL": str(tiny_model_dir),
+                "LEDGERLM_MODEL_ALIAS": MODEL_ALIAS, "LEDGERLM_MAX_MODEL_LEN": "512", "LEDGERLM_KV_CACHE_GB": "0.125",
+                "LEDGERLM_ENGINE_MAX_SEQS": "4", "LEDGERLM_CPUS": "all", "LEDGERLM_WORKER_ADMITS": "0"})
+    subprocess.run([sys.executable, "-m", "workers", "model", "approve"], env=env, check=True, timeout=600,
+                   capture_output=True)
+    with Launched([sys.executable, "-m", "workers", "serve", "worker"], env=env, log=tmp_path / "worker.log",
+                  ready='"ready": true', ready_s=300, stop_s=5) as worker:
+        descendants = psutil.Process(worker.pid).children(recursive=True)
+        names = sorted(p.name() for p in descendants)
+        assert any(name.startswith("VLLM::EngineCor") for name in names), names
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.proc.wait(10)
+        # The worker's whole session would still be killed by the `with`'s end: the check comes first.
+        wait_until(lambda: not any(alive(p) for p in descendants), 30,
+                   what=f"the killed worker's processes {names} to end")
+        assert "ended the processes it left" in worker.output(), worker.shown()
