@@ -84,15 +84,17 @@ def create_app(services: Services) -> FastAPI:
         warming = asyncio.get_running_loop().run_in_executor(None, services.index.warm)
         tokenizers = asyncio.create_task(_keep_tokenizers_warm(services, registry_ready))
         fleet = asyncio.create_task(_follow_fleet(services, fleet_ready))
+        watch = asyncio.create_task(services.log_watch.run())
         try:
             yield
         finally:
             tokenizers.cancel()
             fleet.cancel()
+            watch.cancel()
             await services.reaper.aclose()
             await outage.aclose()
             services.hub.stop()
-            await asyncio.gather(warming, tokenizers, fleet, return_exceptions=True)
+            await asyncio.gather(warming, tokenizers, fleet, watch, return_exceptions=True)
             services.close_readers()
 
     # Whether the API's background readers reach the log (`ledgerlm_ready` at /metrics).
@@ -100,7 +102,8 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="ledgerlm", lifespan=lifespan, responses=openapi.EVERY_ROUTE)
     app.state.services = services
     hub_ready = getattr(services.hub, "readiness", None)
-    app.state.readiness = [registry_ready, fleet_ready, *([hub_ready] if hub_ready is not None else [])]
+    app.state.readiness = [registry_ready, fleet_ready, services.log_watch.readiness,
+                           *([hub_ready] if hub_ready is not None else [])]
     services.metrics.registry.register(readiness_registry(*app.state.readiness))
     errors.install(app)
     openapi.install_openapi(app)

@@ -9,6 +9,8 @@ from fastapi import Depends, Request
 
 from api.disconnect import DisconnectReaper
 from api.errors import ApiError
+from api.log_watch import LogWatch
+from api.outage import log_unavailable
 from api.metrics import ApiMetrics
 from api.request_stream import StreamHistory
 from models.digests import TenantDigests
@@ -39,6 +41,7 @@ class Services:
     history: StreamHistory | None = None
     fleet: FleetView | None = None  # the workers serving now, from the fleet topic
     digests: TenantDigests | None = None  # keys prompt digests per tenant (settings' digest_key)
+    log_watch: LogWatch | None = None  # whether the log is known to be away (its looks run in the app)
 
     def __post_init__(self) -> None:
         self.digests = self.digests or TenantDigests.from_settings(self.settings)
@@ -46,6 +49,7 @@ class Services:
         self.metrics.fleet = self.fleet  # its series are read from the fleet view at scrape time
         self.index = self.index or RequestIndex(self.log)
         self.history = self.history or StreamHistory(self.log)
+        self.log_watch = self.log_watch or LogWatch(self.log)
         if self.disconnect_grace_s is None:
             self.disconnect_grace_s = self.settings.disconnect_grace_s
         self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,
@@ -65,19 +69,26 @@ def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
 def current_principal(request: Request, svc: ServicesDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise ApiError(401, "Missing bearer API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
-    registry = svc.registry_view.refresh()
+    away = svc.log_watch.away
+    # While the log is known to be away, keys are checked against the registry as last read.
+    registry = svc.registry_view.registry if away else svc.registry_view.refresh()
     principal = registry.authenticate(secret.strip())
     if principal is None:
         raise ApiError(401, "Incorrect, revoked or expired API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
     if principal.tenant_id in registry.suspended:
         raise ApiError(403, "This tenant is suspended", code="tenant_suspended")
+    if away and request.method in _WRITES:  # it would write to the log: say at once that it cannot
+        raise log_unavailable()
     return principal
 
 

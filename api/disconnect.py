@@ -2,7 +2,9 @@
 
 The grace lets a client that lost its connection come back (`GET .../events` with
 `Last-Event-ID`) without losing the generation: if, when it is over, the request has
-ended or someone in this process is streaming it again, nothing is cancelled.
+ended or someone in this process is streaming it again, nothing is cancelled. What the
+client had received is recorded in every case it went away early: on the cancel, or, for
+a generation that ended inside the grace, as `OutputDelivered`.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from api.request_stream import RequestStream, StreamTimeout
 from api.stream_hub import StreamHub
 from models import topics
 from models.events import new_event
-from models.events_generation import CancelRequested
+from models.events_generation import CancelRequested, OutputDelivered
 from pipelines.eventlog import EventLog
 from pipelines.routing import publish
 
@@ -69,14 +71,22 @@ class DisconnectReaper:
             pass
         finally:
             stream.close()
-        if stream.ended or self._hub.subscribers(stream.tenant_id, stream.request_id):
+        if self._hub.subscribers(stream.tenant_id, stream.request_id):
+            return  # streamed again: that stream's own end decides
+        if stream.ended:
+            # It ended inside the grace: nothing to cancel, but the client did not get it all.
+            if delivered < stream.tokens_out:
+                payload = OutputDelivered(request_id=stream.request_id, delivered_output_tokens=delivered)
+                await self._publish(stream, payload)
             return
-        env = new_event(CancelRequested(request_id=stream.request_id, reason="client_gone",
-                                        delivered_output_tokens=delivered),
-                        tenant_id=stream.tenant_id, correlation_id=stream.request_id)
-        await asyncio.to_thread(publish, self._log, topics.REQUESTS, [env])
+        await self._publish(stream, CancelRequested(request_id=stream.request_id, reason="client_gone",
+                                                    delivered_output_tokens=delivered))
         self._metrics.client_gone.inc()
         logger.info("client of %s went away; cancel requested", stream.request_id)
+
+    async def _publish(self, stream: RequestStream, payload) -> None:
+        env = new_event(payload, tenant_id=stream.tenant_id, correlation_id=stream.request_id)
+        await asyncio.to_thread(publish, self._log, topics.REQUESTS, [env])
 
     async def aclose(self) -> None:
         for task in list(self._tasks):

@@ -79,7 +79,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
         identified = await outage.within(asyncio.ensure_future(asyncio.to_thread(
             idempotency.identify, cmd, tenant_id=tenant_id, body=body, idempotency_key=idempotency_key,
             id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc),
-            digests=svc.digests)), decide_by, "The event log")
+            digests=svc.digests)), decide_by, "The event log", svc.log_watch)
     except idempotency.KeyReused:
         raise _key_reused() from None
     except idempotency.RequestIdInUse as exc:
@@ -100,7 +100,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
         fleet=svc.fleet, digests=svc.digests))
     try:
         try:
-            submitted = await outage.within(submitting, decide_by, "The event log")
+            submitted = await outage.within(submitting, decide_by, "The event log", svc.log_watch)
         except ApiError:  # it may reach the log later all the same
             outage.abandon(svc, tenant_id, cmd.request_id, submitting)
             raise

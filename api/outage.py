@@ -3,7 +3,8 @@
 - Every call to the log is bounded (the API's Kafka handle waits at most
   `decision_timeout_s` per call, see `api.app.build_services`), and a transient error of the
   log or database that reaches a route is answered 503 `log_unavailable` with Retry-After,
-  in the OpenAI error shape (`install`).
+  in the OpenAI error shape (`install`). Once the log is known to be away (`api.log_watch`),
+  a request that would write to it is answered so at once.
 - A generation with no decision from admission within `decision_timeout_s` is answered 503
   `admission_timeout` (`decided` tells a request admission has decided but no worker has
   started yet, which keeps waiting, from one it has not seen).
@@ -58,10 +59,13 @@ def install(app: FastAPI) -> None:
     if sa_exc is not None:
         classes.append(sa_exc.SQLAlchemyError)
 
-    async def _unavailable(_: Request, exc: Exception):
+    async def _unavailable(request: Request, exc: Exception):
         if not is_transient(exc):
             raise exc
         logger.warning("answering 503: %r", exc)
+        watch = getattr(request.app.state.services, "log_watch", None)
+        if watch is not None:
+            watch.failed(exc)
         return error_response(503, "A backing service (the event log or the database) is unavailable; try again "
                               "shortly", "log_unavailable", None, {"Retry-After": str(RETRY_AFTER_S)})
 
@@ -69,15 +73,20 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(cls, _unavailable)
 
 
-async def within(awaitable: asyncio.Future, until: float, what: str):
+async def within(awaitable: asyncio.Future, until: float, what: str, watch=None):
     """The result of `awaitable` (left running if it is late), or 503 `log_unavailable` when
-    it is not done by `until` (monotonic) or fails on a transient error."""
+    it is not done by `until` (monotonic) or fails on a transient error, which `watch` (the
+    API's `LogWatch`, if given) is told of."""
     try:
         return await asyncio.wait_for(asyncio.shield(awaitable), max(0.05, until - time.monotonic()))
     except asyncio.TimeoutError:
+        if watch is not None:
+            watch.failed(f"{what} did not answer in time")
         raise log_unavailable(what) from None
     except Exception as exc:
         if is_transient(exc):
+            if watch is not None:
+                watch.failed(exc)
             raise log_unavailable(what) from exc
         raise
 

@@ -5,7 +5,9 @@ JSON may spell a lone UTF-16 surrogate (`"\\ud800"`), and Python's JSON reader t
 fails deep inside a handler, e.g. while an event is encoded, after another was appended.
 So every JSON request body is checked here, once, before any route sees it: every string
 and every object key, wherever it sits (messages, `stop`, `user`, metadata, fields a
-route ignores but an Idempotency-Key hashes). A body that is not UTF-8 is refused too.
+route ignores but an Idempotency-Key hashes). A body that is not UTF-8 is refused too, and
+so is one nested deeper than MAX_JSON_DEPTH, before anything parses it (Python's JSON
+reader recurses per level and would fail with a RecursionError, a 500).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from email.message import Message as _ContentType
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
-from models.text import unencodable_at
+from models.text import MAX_JSON_DEPTH, nested_too_deep, unencodable_at
 
 _METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 # A JSON escape of a surrogate (\uD800-\uDFFF), possibly preceded by an escaped backslash;
@@ -35,12 +37,16 @@ def is_json(content_type: str | None) -> bool:
 
 
 def refusal(body: bytes):
-    """The 400 for a body with text that cannot be encoded as UTF-8, or None if it is fine
+    """The 400 for a body with text that cannot be encoded as UTF-8 or nested too deep, or
+    None if it is fine
     (or is not JSON at all, which the route's own parsing reports)."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
         return error_response(400, "The request body is not valid UTF-8", "invalid_encoding")
+    if nested_too_deep(body):
+        return error_response(400, f"The request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep",
+                              "nesting_too_deep")
     if not _SURROGATE_ESCAPE.search(body):
         return None
     try:

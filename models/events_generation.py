@@ -87,6 +87,15 @@ class CancelRequested(Payload):
     delivered_output_tokens: int | None = delivered_field()
 
 
+@event("OutputDelivered")
+class OutputDelivered(Payload):
+    """The client of a request went away before its end reached it, and no cancel followed:
+    the generation ended inside the reconnect grace (or was streamed again). What the
+    client had received by then; the charge stays what the engine generated."""
+    request_id: str
+    delivered_output_tokens: int = Field(ge=0)
+
+
 @event("BudgetReserved")
 class BudgetReserved(Payload):
     request_id: str
@@ -164,6 +173,9 @@ class GenerationFailed(Payload):
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
     timings: Timings = Timings()
+    # Of the output tokens, those on the stream topic when it failed (what its client could
+    # get), where fewer than all: an append of the stream failed (`log_unavailable`).
+    delivered_output_tokens: int | None = delivered_field()
 
 
 @event("GenerationCancelled")

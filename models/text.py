@@ -3,6 +3,15 @@ reader makes of `"\\ud800"` (and of surrogates encoded as UTF-8 bytes) and which
 encoder accepts. Found anywhere in parsed JSON, keys included."""
 from __future__ import annotations
 
+import re
+
+# How deep arrays and objects may nest in a request body or a batch line. Real requests
+# (messages, tool schemas, metadata) stay far below it; Python's JSON reader recurses per
+# level and fails near 1,000 with a RecursionError, which no caller should ever see.
+MAX_JSON_DEPTH = 128
+# A JSON string (escapes included) or one bracket: what the depth scan steps over.
+_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
 
 def encodable(text: str) -> bool:
     try:
@@ -29,3 +38,21 @@ def unencodable_at(value, path: tuple = ()) -> tuple | None:
         elif isinstance(item, list):
             pending.extend((inner, (*where, i)) for i, inner in enumerate(item))
     return None
+
+
+def nested_too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text `raw` nests arrays or objects more than `limit` deep, read
+    from the text itself (brackets inside strings do not count), without parsing it.
+    Nearly free for ordinary bodies: one that holds fewer brackets cannot be too deep."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return False

@@ -30,7 +30,7 @@ class Topic:
     carries: str
 
 
-REQUESTS = Topic("ledgerlm.requests", 8, None, "tenant", "GenerationRequested, CancelRequested")
+REQUESTS = Topic("ledgerlm.requests", 8, None, "tenant", "GenerationRequested, CancelRequested, OutputDelivered")
 LEDGER = Topic("ledgerlm.ledger", 8, None, "tenant",
                "BudgetReserved, GenerationAdmitted/Rejected, UsageSettled, Reservation*")
 OUTCOMES = Topic("ledgerlm.outcomes", 8, None, "tenant", "GenerationStarted and terminal events, without text")

@@ -19,11 +19,15 @@ from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, PromptSubmitted, Timings,
 )
 from pipelines.eventlog import EventLog
+from pipelines.outage import Backoff, is_transient
 from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine
 from workers.stream_writer import StreamWriter
 
 logger = logging.getLogger(__name__)
 PRIORITY = {"high": 0, "normal": 1, "batch": 2}  # vLLM runs lower values sooner
+# How long a generation's terminal event is tried again while the log is away; past it,
+# admission expires the reservation (the generation's deadline plus grace) instead.
+END_RETRY_S = 120.0
 
 
 def fetch_prompt(log: EventLog, ref, wait_s: float = 10.0) -> str:
@@ -120,17 +124,43 @@ class _Generation:
                 return 0
             terminal = self._ending()
         except Exception as exc:  # the request fails; the worker goes on
-            logger.exception("generation %s failed", self._req.request_id)
-            code = "engine_dead" if isinstance(exc, EngineDead) else "engine_error"
-            terminal = GenerationFailed(request_id=self._req.request_id, error_code=code,
-                                        message=type(exc).__name__, input_tokens=self._req.input_tokens,
-                                        output_tokens=self._output_tokens, timings=self._timings())
+            terminal = self._failure(exc)
         finally:
             if timer is not None:
                 timer.cancel()
             if terminal is not None and await self._take.may_write():
-                await self._writer.finish(self._started, caused_by(self._started, terminal))
+                await self._write_end(terminal)
         return 1 if self._take.committed else 0
+
+    def _failure(self, exc: Exception) -> GenerationFailed:
+        """The end of a run that raised: the log's failure (a stream append that could not be
+        made) is named as such, with what reached the stream; anything else is the engine's."""
+        rid = self._req.request_id
+        written = self._writer.written(rid)
+        if is_transient(exc):
+            logger.warning("generation %s failed: the event log is unavailable (%r)", rid, exc)
+            code, message = "log_unavailable", f"The event log was unavailable: {type(exc).__name__}"
+        else:
+            logger.exception("generation %s failed", rid)
+            code, message = ("engine_dead" if isinstance(exc, EngineDead) else "engine_error"), type(exc).__name__
+        return GenerationFailed(request_id=rid, error_code=code, message=message,
+                                input_tokens=self._req.input_tokens, output_tokens=self._output_tokens,
+                                timings=self._timings(),
+                                delivered_output_tokens=written if written < self._output_tokens else None)
+
+    async def _write_end(self, terminal) -> None:
+        """Writes the terminal event, trying again while the log is away (up to `END_RETRY_S`):
+        a generation that failed because its stream could not be written still ends, and
+        is settled, once the log is back."""
+        backoff, give_up = Backoff(), time.monotonic() + END_RETRY_S
+        while True:
+            try:
+                return await self._writer.finish(self._started, caused_by(self._started, terminal))
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() > give_up:
+                    raise
+                logger.warning("the end of %s is not written yet (%r); trying again", self._req.request_id, exc)
+            await asyncio.sleep(backoff.next())
 
     def _arm_deadline(self) -> asyncio.TimerHandle | None:
         """At its deadline the request is aborted, and ends as cancelled ('deadline')."""

@@ -58,6 +58,7 @@ class StreamWriter:
         self._pending: dict[str, _Pending] = {}
         self._seq: dict[str, int] = {}  # next seq by request id, while the generation runs
         self._failed: dict[str, BaseException] = {}
+        self._written: dict[str, int] = {}  # output tokens on the stream topic, by request id
         self._task: asyncio.Task | None = None
         self._batch_done: asyncio.Future | None = None  # resolves when the batch in flight is written
         self._in_flight: set[str] = set()
@@ -120,6 +121,11 @@ class StreamWriter:
             if terminal is not None:
                 self._seq.pop(rid, None)
                 self._failed.pop(rid, None)
+                self._written.pop(rid, None)
+
+    def written(self, request_id: str) -> int:
+        """Output tokens of the generation on the stream topic so far (until its end is written)."""
+        return self._written.get(request_id, 0)
 
     async def drain(self, started: Envelope) -> None:
         """Waits until everything queued for the generation is written; raises on failure."""
@@ -160,6 +166,9 @@ class StreamWriter:
                     if stream:
                         await loop.run_in_executor(self._io, publish, self._log, topics.STREAM, stream)
                         self.appends += 1
+                        for rid, entry in batch.items():
+                            if rid not in self._failed and entry.tokens:
+                                self._written[rid] = self._written.get(rid, 0) + entry.tokens
                 except Exception as exc:  # every generation in the batch learns of it
                     for rid in batch:
                         self._failed[rid] = exc

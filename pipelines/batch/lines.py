@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from models.sampling_request import SamplingFields
-from models.text import encodable, unencodable_at
+from models.text import MAX_JSON_DEPTH, encodable, nested_too_deep, unencodable_at
 
 
 class LineError(Exception):
@@ -97,6 +97,8 @@ def _first_error(exc: ValidationError) -> str:
 
 def parse_line(raw: bytes, line: int, endpoint: str) -> ParsedLine:
     """Raises `LineError` for anything that is not a request to `endpoint`."""
+    if nested_too_deep(raw):
+        raise LineError("invalid_json", f"line {line} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep")
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -19,6 +19,7 @@ from models.events import Envelope, Payload, new_event
 from models.events_batch import BatchCancelRequested, BatchSubmitted, FileUploaded, SummarizationSpec
 from models.registry import Principal, Registry
 from models.summarization import PlanError, Shape
+from models.text import nested_too_deep
 from pipelines.batch.tokens import template_ids, tokenizer_for
 from pipelines.batch.view import BatchView
 from pipelines.eventlog import EventLog
@@ -69,7 +70,7 @@ def sniff_file(f, filename: str = "") -> str | None:
             return None
     for line in lines:
         try:
-            if isinstance(json.loads(line), dict):
+            if not nested_too_deep(line) and isinstance(json.loads(line), dict):
                 return "jsonl"
         except ValueError:
             continue

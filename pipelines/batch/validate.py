@@ -14,6 +14,7 @@ from models.batch import BatchState
 from models.events_batch import BatchError, ChunkPlan
 from models.registry import Registry, Revision
 from models.summarization import PlanError, Shape, plan
+from models.text import nested_too_deep
 from pipelines.admission import cost_micros
 from pipelines.batch.lines import LineError, ParsedLine, error_line, parse_line
 from pipelines.batch.schemas import DOCUMENT_INPUT, REQUEST_INPUT, write_table
@@ -123,8 +124,10 @@ def _documents(store: ObjectStore, key: str, input_format: str, max_rows: int):
     if input_format == "jsonl":
         for number, raw in _lines(store, key, max_rows):
             try:
-                data = json.loads(raw)
+                data = None if nested_too_deep(raw) else json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError):
+                data = None
+            if data is None:
                 yield number, None, None
                 continue
             yield (number, *((data.get("id"), data.get("text")) if isinstance(data, dict) else (None, None)))

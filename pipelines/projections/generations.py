@@ -3,7 +3,8 @@
 A generation's events come from three topics (requests, ledger, outcomes), so a replay
 may see them in any interleaving. `merge` is written so the final row is the same for
 every interleaving: each column has one source, or a fixed precedence between sources
-(settlement over terminal event over request), or takes the max; where two events of
+(settlement over terminal event over request), or takes the max (the output tokens a client that went away had received: from the
+cancel its API asked for, the settlement, or `OutputDelivered`); where two events of
 the same type could disagree (two terminal events), both sit in one partition and the
 first by offset wins. The unit tests check this over all orders of a request's events.
 """
@@ -20,9 +21,12 @@ from pipelines.projections.sql import select_by_keys, upsert
 
 TERMINAL = {"GenerationCompleted": "completed", "GenerationFailed": "failed", "GenerationCancelled": "cancelled"}
 TYPES = frozenset({"GenerationRequested", "BudgetReserved", "GenerationAdmitted", "GenerationRejected",
-                   "GenerationStarted", "UsageSettled", *TERMINAL})
+                   "GenerationStarted", "UsageSettled", "CancelRequested", "OutputDelivered", *TERMINAL})
 
 Row = dict[str, Any]
+# Where the output tokens a client received are said, when fewer than all: the cancel its
+# API asked for, `OutputDelivered`, a failure of the stream append, the settlement.
+_DELIVERED_FROM = frozenset({"UsageSettled", "CancelRequested", "OutputDelivered", "GenerationFailed"})
 
 
 def new_row(tenant_id: str, request_id: str) -> Row:
@@ -86,8 +90,10 @@ def merge(row: Row, e: Event) -> None:
         if not row["settled"]:
             row.update(settled=True, status=p.get("terminal_status"), input_tokens=p.get("input_tokens", 0),
                        output_tokens=p.get("output_tokens", 0), cost_micros=p.get("cost_micros", 0),
-                       delivered_output_tokens=p.get("delivered_output_tokens"), settled_at=e.at())
+                       settled_at=e.at())
             row["reservation_id"] = row["reservation_id"] or p.get("reservation_id")
+    if p.get("delivered_output_tokens") is not None and t in _DELIVERED_FROM:
+        row["delivered_output_tokens"] = max(row["delivered_output_tokens"] or 0, p["delivered_output_tokens"])
     row["status"] = derive_status(row)
 
 
@@ -99,6 +105,13 @@ def utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+def delivered(row: Row) -> int | None:
+    """Output tokens its client received, where it went away early (never more than were
+    generated); None: all of them."""
+    count = row["delivered_output_tokens"]
+    return None if count is None else min(count, row["output_tokens"])
+
+
 def usage_row(row: Row) -> Row:
     settled_at = utc(row["settled_at"])
     return {
@@ -106,7 +119,7 @@ def usage_row(row: Row) -> Row:
         "application_id": row["application_id"], "key_id": row["key_id"], "model_alias": row["model_alias"],
         "model_revision": row["model_revision"], "input_tokens": row["input_tokens"],
         "output_tokens": row["output_tokens"], "cost_micros": row["cost_micros"],
-        "delivered_output_tokens": row["delivered_output_tokens"], "queued_ms": row["queued_ms"],
+        "delivered_output_tokens": delivered(row), "queued_ms": row["queued_ms"],
         "ttft_ms": row["ttft_ms"], "duration_ms": row["duration_ms"], "finish_reason": row["finish_reason"],
         "terminal_status": row["status"], "settled_at": settled_at, "day": settled_at.strftime("%Y-%m-%d"),
     }

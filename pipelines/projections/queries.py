@@ -65,7 +65,7 @@ def status_from_row(r) -> dict[str, Any]:
 def _delivered(r) -> int:
     """Output tokens the client received: all of them unless it went away early."""
     delivered = r.get("delivered_output_tokens")
-    return r["output_tokens"] if delivered is None else delivered
+    return r["output_tokens"] if delivered is None else min(delivered, r["output_tokens"])
 
 
 def batch_status(db: Engine | Connection, tenant_id: str, batch_id: str) -> dict[str, Any] | None:

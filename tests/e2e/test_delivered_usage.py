@@ -54,6 +54,39 @@ def test_a_client_that_drops_after_a_few_tokens_is_charged_what_was_generated_an
         platform.check()
 
 
+def test_a_client_that_drops_and_whose_generation_ends_inside_the_grace_is_shown_what_it_read(platform,
+                                                                                                monkeypatch):
+    """Nothing is cancelled (the generation ended first), but the usage must not show the
+    whole output as delivered: it shows what the stream had sent when the client left."""
+    monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 5.0)
+    tenant_id, secret = platform.tenant()
+    pool = "paced-" + uuid.uuid4().hex[:8]
+    admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
+    # 60 tokens, one every 10 ms: the rest is generated well inside the 5 s grace.
+    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=PacedEngine(platform.runner.engine, 0.01))
+    body = {**LONG, "max_output_tokens": 60}
+    try:
+        with platform.client(secret) as client:
+            with client.stream("POST", "/v1/generations", json=body) as response:
+                assert response.status_code == 200
+                read = 0
+                for _, data in sse_frames(response):
+                    request_id = data["request_id"]
+                    read += data.get("token_count", 0)
+                    if read >= 3:
+                        break
+            settled = settlement(platform, tenant_id, request_id)
+            assert (settled.terminal_status, settled.output_tokens) == ("completed", 60), settled
+            status = wait_until(lambda: (s := client.get(f"/v1/generations/{request_id}").json())["usage"]["settled"]
+                                and s["usage"]["delivered_output_tokens"] < 60 and s, 30, every_s=0.2,
+                                what="a delivered count below the 60 generated")
+            assert 3 <= status["usage"]["delivered_output_tokens"] < 60, status["usage"]
+            assert status["usage"]["output_tokens"] == 60 and status["status"] == "completed"
+    finally:
+        loop.halt()
+        platform.check()
+
+
 def test_a_completed_generation_delivered_all_it_generated(platform):
     tenant_id, secret = platform.tenant()
     with platform.client(secret) as client:

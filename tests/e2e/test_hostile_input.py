@@ -84,6 +84,27 @@ def test_real_text_that_looks_like_a_surrogate_passes_the_check(api):
             assert response.status_code == 503 and response.json()["error"]["code"] == "no_capacity", response.text
 
 
+DEEP = 10_000
+
+
+@pytest.mark.parametrize("inner", [json.dumps(LONE), "1"], ids=["lone-surrogate", "plain"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/generations", "/v1/batches"])
+def test_json_nested_ten_thousand_deep_is_a_400_not_a_500(api, path, inner):
+    """Python's JSON reader recurses per level: 10,000 nested arrays, with or without a lone
+    surrogate at the bottom, used to end in a RecursionError and a 500."""
+    tenant_id, secret = api.tenant()
+    body = '{"metadata": {"deep": ' + "[" * DEEP + inner + "]" * DEEP + "}}"
+    with api.client(secret) as client:
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text[:500]
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "nesting_too_deep", error
+        assert "128" in error["message"], error
+        assert client.get("/v1/models").status_code == 200  # the connection and the API go on
+    for topic in (topics.PROMPTS, topics.REQUESTS, topics.BATCHES):
+        assert api.appended(topic, tenant_id) == [], f"something reached {topic.name}"
+
+
 class _Exploding:
     def __getattr__(self, name):
         raise RuntimeError("injected failure")

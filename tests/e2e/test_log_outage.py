@@ -6,7 +6,7 @@ touched). What must hold:
 
 - a request made while the broker is gone gets 503 (`Retry-After`, OpenAI error shape)
   within a few seconds (`LEDGERLM_DECISION_TIMEOUT_S` and the look for a decision), never
-  a 500 or a hang;
+  a 500 or a hang; once the API has met the outage, within `PROMPT_S`;
 - every process rides the outage out, and new requests succeed afterwards without a restart;
 - every request that got a 2xx has its events on the log, and no settlement is lost or
   doubled: each reservation settles exactly once on the log, and once in the usage ledger.
@@ -35,6 +35,9 @@ DECISION_S = 3.0
 # A request made during the outage is answered within this: the API's Kafka calls are
 # bounded by the decision timeout, plus the look for a decision (2 s), plus a loaded host.
 BOUND_S = 12.0
+# Once the API knows the log is away (`api.log_watch`), a request is refused within this.
+PROMPT_S = 1.0
+KNOWN_S = 0.5  # a request begun this long after the first refusal finds the log known away
 FREEZE_S = 15.0
 STOPPED_S = 10.0
 RECOVER_S = 90.0
@@ -182,6 +185,13 @@ def test_the_platform_rides_out_a_frozen_then_a_restarted_broker(tiny_model_dir,
                          or (r["status"] == 503 and (r["code"] not in OUTAGE_CODES or not r["retry_after"]))
                          or (r["status"] == 200 and r["ended_at"] < back_at[back])]
                 assert not wrong, (phase, wrong)
+                # Once the API has met the outage (its first refusal), it knows the log is away:
+                # requests begun after that are refused at once, not after the log's timeout.
+                first_refusal = min(r["ended_at"] for r in during if r["status"] == 503)
+                known = [r for r in during if r["ended_at"] - r["elapsed_s"] > first_refusal + KNOWN_S]
+                assert known, f"no request began once the API knew the log was away ({phase}): {during}"
+                slow = [r for r in known if r["status"] == 503 and r["elapsed_s"] > PROMPT_S]
+                assert not slow, (phase, slow)
             refused = [r for r in results if r["status"] == 503]
             assert all(r["code"] in OUTAGE_CODES and r["retry_after"] for r in refused), refused
 

@@ -1,8 +1,10 @@
 """The API's bound on waiting (`api.outage`): with no admission deciding, a generation is
 answered 503 `admission_timeout` within the decision timeout and a cancel for it follows its
 request on the log; with the log hanging on appends, 503 `log_unavailable` within the bound,
-and once the append goes through after all, the cancel follows it; a log error reaching any
-route is a 503 in the OpenAI shape, never a plain-text 500. Embedded log, no admission."""
+and once the append goes through after all, the cancel follows it; once the log is known
+to be away, 503 `log_unavailable` at once, and service again as soon as it answers; a log
+error reaching any route is a 503 in the OpenAI shape, never a plain-text 500. Embedded log,
+no admission."""
 from __future__ import annotations
 
 import threading
@@ -30,6 +32,7 @@ from tests.helpers import wait_until
 
 DECISION_S = 1.0
 BOUND_S = DECISION_S + 2.0 + 3.0  # the decision timeout, the look for a decision, a loaded host
+PROMPT_S = 0.9  # once the log is known away: less than the decision timeout, which it used to wait
 
 
 class AllWorkersLive:
@@ -69,6 +72,29 @@ class HangingAppends:
         return getattr(self._log, name)
 
 
+class BrokerAway:
+    """The API's log as a frozen broker leaves it while `away` is set: appends and end
+    offsets answer nothing until the Kafka client's timeout (`hang_s`), then time out."""
+
+    def __init__(self, log, hang_s: float):
+        self._log, self.hang_s, self.away, self.back = log, hang_s, threading.Event(), threading.Event()
+
+    def _frozen(self, call):
+        if self.away.is_set() and not self.back.wait(self.hang_s):
+            raise kerr.KafkaTimeoutError(f"{call}: no answer in {self.hang_s * 1000:.0f} ms")
+
+    def append(self, topic, messages):
+        self._frozen("append")
+        return self._log.append(topic, messages)
+
+    def end_offset(self, topic, partition):
+        self._frozen("end_offset")
+        return self._log.end_offset(topic, partition)
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+
 @pytest.fixture
 def api(tmp_path, tiny_model_dir):
     url = f"sqlite:///{tmp_path / 'eventlog.db'}"
@@ -78,7 +104,7 @@ def api(tmp_path, tiny_model_dir):
     tenant_id, secret = new_tenant(view)
     admin.approve_model(view, alias=MODEL_ALIAS, model_revision="tiny@outage", model_path=str(tiny_model_dir),
                         engine_config_hash="x", max_model_len=512, actor="tests")
-    log = HangingAppends(open_event_log(url))
+    log = HangingAppends(BrokerAway(open_event_log(url), hang_s=DECISION_S * 3))
     settings = Settings(home=tmp_path, event_log_url=url, decision_timeout_s=DECISION_S)
     services = Services(settings=settings, log=log, registry_view=RegistryView(log), counter=TokenCounter(),
                         hub=StreamHub(log, idle_wait_s=0.02), fleet=AllWorkersLive())
@@ -88,6 +114,7 @@ def api(tmp_path, tiny_model_dir):
         yield client, log, setup, services, tenant_id
     finally:
         log.release.set()
+        log.back.set()
         client.close()
         server.should_exit = True
         thread.join(30)
@@ -152,3 +179,30 @@ def test_a_log_error_on_any_route_is_a_503_in_the_openai_shape(api, monkeypatch)
     monkeypatch.setattr(services.registry_view, "refresh", frozen)
     response = client.get("/v1/models")
     _is_503(response, "log_unavailable")
+
+
+@pytest.mark.timing
+def test_once_the_log_is_known_away_a_request_is_503_at_once_and_served_when_it_is_back(api):
+    client, log, setup, services, tenant_id = api
+    watch = services.log_watch
+    log.away.set()
+    # The watch's own look meets the frozen log: slower than its bound is away.
+    wait_until(lambda: watch.away, watch.SLOW_S + 5, what="the API to know the log is away")
+    rids = [f"away-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    for rid in rids:
+        response, took = _generate(client, rid)
+        _is_503(response, "log_unavailable")
+        assert took < PROMPT_S, f"{took:.2f} s: the log was known away, the answer should not wait for it"
+    with httpx.Client(base_url=client.base_url, timeout=10, headers={"Authorization": "Bearer sk-wrong"}) as bad:
+        assert bad.post("/v1/generations", json={"model_alias": MODEL_ALIAS, "input": "x"}).status_code == 401
+    models = client.get("/v1/models")  # reads go on, from the registry as last read
+    assert models.status_code == 200 and MODEL_ALIAS in {m["id"] for m in models.json()["data"]}, models.text
+    assert all(_requests_of(setup, tenant_id, rid) == [] for rid in rids)
+
+    log.back.set()
+    log.away.clear()
+    wait_until(lambda: not watch.away, 10, what="the API to see the log back")
+    rid = f"back-{uuid.uuid4().hex[:8]}"
+    response, _ = _generate(client, rid)
+    _is_503(response, "admission_timeout")  # on the log this time: only admission is missing here
+    assert _requests_of(setup, tenant_id, rid)[:1] == ["GenerationRequested"]

@@ -52,6 +52,7 @@ def test_a_completion_line_takes_one_prompt():
      "invalid_request"),
     (line(body={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "seed": 2**70}),
      "invalid_request"),
+    (b'{"custom_id": "a", "deep": ' + b"[" * 10_000 + b'"\\ud800"' + b"]" * 10_000 + b"}", "invalid_json"),
 ])
 def test_bad_lines_get_a_code_that_says_why(raw, code):
     with pytest.raises(LineError) as err:
@@ -72,6 +73,7 @@ def test_a_bad_line_still_names_its_custom_id_when_it_has_one():
     (b"\x89PNG\r\n\x1a\n\x00\x00", "x.png", None),
     (b"just some text\nno json here\n", "x.txt", None),
     (b"not parquet", "x.parquet", None),
+    (b"[" * 10_000 + b"]" * 10_000 + b'\n{"b": 2}\n', "x.jsonl", "jsonl"),  # a line too deep is one bad line
 ])
 def test_sniffing_tells_jsonl_and_parquet_from_anything_else(head, name, expected):
     assert sniff_file(io.BytesIO(head), name) == expected

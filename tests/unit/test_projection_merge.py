@@ -10,8 +10,8 @@ from models import topics
 from models.events import encode, new_event
 from models.events_batch import BatchChunkCompleted, BatchChunkQueued, BatchUsageSettled
 from models.events_generation import (
-    BudgetReserved, GenerationAdmitted, GenerationCompleted, GenerationFailed, GenerationRejected,
-    GenerationRequested, GenerationStarted, Position, ReservationExpired, Timings, UsageSettled,
+    BudgetReserved, CancelRequested, GenerationAdmitted, GenerationCompleted, GenerationFailed, GenerationRejected,
+    GenerationRequested, GenerationStarted, OutputDelivered, Position, ReservationExpired, Timings, UsageSettled,
 )
 from pipelines.eventlog import Record
 from pipelines.projections import batches as batch_rules
@@ -88,6 +88,35 @@ def test_a_completed_generation_ends_the_same_in_every_order():
     assert (row["application_id"], row["model_revision"], row["key_id"]) == ("chat", "tiny@r1", "key_1")
     usage = usage_row(row)
     assert usage["terminal_status"] == "completed" and usage["day"] == "2025-05-01"
+
+
+def test_a_client_gone_before_a_completion_is_shown_what_it_received_in_every_order():
+    """The generation ended inside the disconnect grace, so the API recorded what its client
+    had received (`OutputDelivered`) instead of cancelling; the settlement knows nothing of it."""
+    events = [*completed_generation(),
+              as_event(OutputDelivered(request_id="gen_1", delivered_output_tokens=3), topics.REQUESTS, 1, 400)]
+    rows = {repr(sorted(fold(list(order)).items()))
+            for order in itertools.permutations(events) if respects_partition_order(order)}
+    assert len(rows) == 1
+    row = fold(events)
+    assert (row["status"], row["output_tokens"], row["delivered_output_tokens"]) == ("completed", 12, 3)
+    assert usage_row(row)["delivered_output_tokens"] == 3
+
+
+def test_a_cancel_that_came_too_late_still_records_what_was_delivered():
+    """The API asked to cancel (its client had 4 tokens) just as the generation completed:
+    the completion stands, and so does the count on the cancel."""
+    events = [*completed_generation(),
+              as_event(CancelRequested(request_id="gen_1", reason="client_gone", delivered_output_tokens=4),
+                       topics.REQUESTS, 1, 299)]
+    row = fold(events)
+    assert (row["status"], row["delivered_output_tokens"]) == ("completed", 4)
+    # Never more than was generated, and a cancel for another reason says nothing of delivery.
+    over = fold([*completed_generation(), as_event(OutputDelivered(request_id="gen_1", delivered_output_tokens=50),
+                                                   topics.REQUESTS, 1, 400)])
+    assert usage_row(over)["delivered_output_tokens"] == 12
+    plain = fold([*completed_generation(), as_event(CancelRequested(request_id="gen_1"), topics.REQUESTS, 1, 299)])
+    assert plain["delivered_output_tokens"] is None and usage_row(plain)["delivered_output_tokens"] is None
 
 
 def test_an_expired_generation_with_a_late_completion_keeps_the_first_terminal_and_the_settlement():

@@ -1,19 +1,24 @@
 """One generation on the engine (`serve_generation`) around its take: nothing is written
 before the take commits, a delta the engine gave meanwhile goes out in the start's own
-append, and a take that fails leaves no trace."""
+append, and a take that fails leaves no trace. A log that goes away mid-stream ends it
+as the log's failure, with what reached the stream."""
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
 
+from kafka.errors import KafkaTimeoutError
+
 from models import topics
 from models.events import new_event
 from models.events_generation import (
-    GenerationCompleted, GenerationQueued, GenerationRequested, GenerationStarted, Position, TokensEmitted,
+    GenerationCompleted, GenerationFailed, GenerationQueued, GenerationRequested, GenerationStarted, Position,
+    TokensEmitted,
 )
 from tests.fake_engine import FakeEngine
 from tests.unit.test_stream_writer import RecordingLog, started
+from workers.engine import EngineDelta
 from workers.generation import serve_generation
 from workers.stream_writer import StreamWriter
 
@@ -96,3 +101,57 @@ def test_a_delta_held_through_the_take_goes_out_in_the_starts_append():
 def test_a_take_that_fails_writes_nothing():
     ended, log, engine, writer = serve_with_take(commits=False)
     assert ended == 0 and engine.started == ["r"] and writer.queued == [] and log.appends == []
+
+
+class CountingEngine(FakeEngine):
+    """`tokens` deltas of one token each, a little apart, then the end."""
+
+    def __init__(self, tokens: int):
+        super().__init__(hold=False)
+        self.tokens = tokens
+
+    async def generate(self, request):
+        self.started.append(request.request_id)
+        for i in range(self.tokens):
+            await asyncio.sleep(0.005)
+            yield EngineDelta(request.request_id, "x", 1, i + 1, i + 1 == self.tokens, "length")
+
+
+class BrokerGoneLog(RecordingLog):
+    """The broker goes away after `good` stream appends: the next `down` appends (of any
+    topic) time out as kafka-python's producer does, then it is back."""
+
+    def __init__(self, good: int, down: int):
+        super().__init__()
+        self.good, self.down, self.refused = good, down, 0
+
+    def append(self, topic, messages):
+        if topic == topics.STREAM.name and self.good > 0:
+            self.good -= 1
+        elif self.good == 0 and self.refused < self.down:
+            self.refused += 1
+            raise KafkaTimeoutError("Batch for TopicPartition(topic='ledgerlm.stream') containing 1 record(s) "
+                                    "expired")
+        return super().append(topic, messages)
+
+
+def test_a_broker_gone_mid_stream_ends_the_generation_as_the_logs_failure_with_what_was_delivered():
+    log, engine = BrokerGoneLog(good=3, down=2), CountingEngine(tokens=50)
+
+    async def main() -> int:
+        writer = StreamWriter(log)
+        prompt, taken = Future(), Future()
+        prompt.set_result("p")
+        taken.set_result(True)
+        return await asyncio.wait_for(serve_generation(engine, Cancels(), queued("r"), started("r"), writer,
+                                                       prompt, taken), timeout=30)
+
+    assert asyncio.run(main()) == 1
+    assert log.refused == 2  # the end itself met the outage once, and was written when the log came back
+    [failed] = [e.payload for e in log.on(topics.OUTCOMES)]
+    assert isinstance(failed, GenerationFailed), failed
+    assert failed.error_code == "log_unavailable" and "KafkaTimeoutError" in failed.message, failed
+    on_stream = sum(e.payload.token_count for e in log.on(topics.STREAM) if isinstance(e.payload, TokensEmitted))
+    assert 0 < on_stream < failed.output_tokens < 50, (on_stream, failed.output_tokens)
+    assert failed.delivered_output_tokens == on_stream
+    assert [type(e.payload) for e in log.on(topics.STREAM)][-1] is GenerationFailed
