@@ -80,6 +80,20 @@ def work_topic(pool: str | None, priority: str, revision: str | None = None) -> 
                  f"GenerationQueued for pool {pool or SHARED_POOL}, priority {level}, revision {revision}")
 
 
+# Admission's consumer group; a worker that admits (`serve worker --admit`) is a member of
+# it under `admission_member` of its own id.
+ADMISSION_GROUP = "ledgerlm-admission"
+
+
+def admission_member(worker_id: str) -> str:
+    return f"{worker_id}-admission"
+
+
+def work_group(pool: str, revision: str | None = None) -> str:
+    """The consumer group of the workers taking a pool's work for one revision."""
+    return f"ledgerlm-pool-{pool}" + (f"-{revision_slug(revision)}" if revision else "")
+
+
 def pool_work_topics(pool: str | None, revision: str | None = None) -> tuple[Topic, Topic]:
     """A pool's work topics for one revision (or the unrevisioned ones), high priority first."""
     return work_topic(pool, "high", revision), work_topic(pool, "normal", revision)

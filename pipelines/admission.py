@@ -247,7 +247,7 @@ class Taker(Protocol):
 class AdmissionProcessor:
     """Consumes requests and outcomes of its tenant partitions; at most one unit of work per poll."""
 
-    GROUP = "ledgerlm-admission"
+    GROUP = topics.ADMISSION_GROUP
     # Settlements (and expiries) wait up to this long to go out with the next unit that
     # decides a request: nobody waits on them, since the book releases a reservation the
     # moment it is settled, so the next request is decided as if it were written.

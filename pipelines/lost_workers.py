@@ -109,14 +109,29 @@ def note_running(log: EventLog, book: ReservationBook, partitions: set[int]) -> 
     return read
 
 
+def groups_of(worker: WorkerState) -> list[tuple[str, str]]:
+    """The consumer groups a worker may be a member of, with its member id in each: its
+    pool's work group, and admission's (a worker that admits)."""
+    return [(topics.work_group(worker.pool, worker.model_revision), worker.worker_id),
+            (topics.ADMISSION_GROUP, topics.admission_member(worker.worker_id))]
+
+
 class FleetWatch:
     """Admission's view of the fleet, refreshed every `every_s` on a daemon thread; `lost`
-    finds what gone workers ran, at most every `every_s` too (never per record)."""
+    finds what gone workers ran, at most every `every_s` too (never per record).
+
+    A worker judged gone without leaving is also evicted from its consumer groups
+    (`EventLog.evict`), once: its queued work (the partitions of its pool's work topics it
+    held) moves to the survivors at once, and so do the tenants whose admission it ran, where
+    it admitted; left to the groups' session timeouts (`group_session_timeout_s`), both
+    waited that much longer."""
 
     def __init__(self, log: EventLog, *, lost_after_s: float, every_s: float = 0.25, read_back_s: float = 120.0,
-                 view: FleetView | None = None, start: bool = True):
+                 view: FleetView | None = None, start: bool = True, evict: bool = True):
         self.lost_after_s = lost_after_s
         self.view = view or FleetView(log, lost_after_s=lost_after_s, look_back_s=read_back_s)
+        self._log = log if evict else None
+        self.evicted: set[str] = set()  # workers evicted from their groups (or found in none)
         self._every_s = every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,11 +144,36 @@ class FleetWatch:
         while not self._stop.is_set():
             try:
                 self.view.refresh()
+                self.evict_gone()
             except Exception:  # a log that fails now may answer next time; nobody is judged meanwhile
                 if self._stop.is_set():
                     return
                 logger.exception("admission could not read the fleet topic; trying again")
             self._stop.wait(self._every_s)
+
+    def evict_gone(self) -> list[str]:
+        """Evicts each worker gone silent (as of the view's last complete read) from its
+        groups, once; returns the workers evicted now. One that could not be is tried again."""
+        at = self.view.complete_at
+        if self._log is None or at is None:
+            return []
+        done = []
+        for worker in self.view.all():
+            if worker.left_at is not None or worker.worker_id in self.evicted:
+                continue  # one that left closed its memberships itself
+            why = gone_why(worker, at, self.lost_after_s)
+            if why is None:
+                continue
+            try:
+                evicted = [group for group, member in groups_of(worker) if self._log.evict(group, member)]
+            except NotImplementedError:
+                self._log = None  # this log cannot: the session timeouts decide
+                return done
+            self.evicted.add(worker.worker_id)
+            done.append(worker.worker_id)
+            if evicted:
+                logger.warning("%s; evicted from %s, so its partitions move now", why, ", ".join(evicted))
+        return done
 
     def lost(self, book: ReservationBook, *, monotonic: float, read_to: datetime | None
              ) -> list[tuple[Reservation, str]]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from models import topics
 from models.digests import TenantDigests
 from models.settings import Settings, format_cpu_list
 from pipelines.bootstrap import Bootstrap
@@ -80,7 +81,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
     platform = Bootstrap(settings)
     log = platform.event_log(create_topics=False)
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s), taker=worker,
-                                   member_id=f"{worker.worker_id}-admission",
+                                   member_id=topics.admission_member(worker.worker_id),
                                    on_written=metrics.written if metrics is not None else None,
                                    lost_after_s=settings.worker_lost_after_s,
                                    queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors())

@@ -118,8 +118,8 @@ class InteractiveWorker:
         self.capacity = running + take_ahead
         self._topics = {t.name: t for t in topics.pool_work_topics(pool, revision)}
         log.ensure_topics([TopicSpec(t.name, t.partitions, t.retention_ms) for t in self._topics.values()])
-        group = f"ledgerlm-pool-{self.pool}" + (f"-{topics.revision_slug(revision)}" if revision else "")
-        self._consumer = log.consumer(group, sorted(self._topics), member_id=self.worker_id)
+        self._consumer = log.consumer(topics.work_group(self.pool, revision), sorted(self._topics),
+                                      member_id=self.worker_id)
         # Its own log handle, where it can: the watch's tail then shares nothing with the
         # worker's reads and appends.
         self._cancels = CancelWatch(cancel_log or log, runner, engine)

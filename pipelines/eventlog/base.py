@@ -273,6 +273,13 @@ class EventLog(ABC):
         """Follows `offsets` ({partition: next offset}) of `topic`; every caller sees every record."""
         return Tail(self, topic, offsets)
 
+    def evict(self, group: str, member_id: str) -> bool:
+        """Drops the member `member_id` (as given to `consumer`) from `group` now, as its
+        session timeout would later: for a member known to be gone (its process killed), so
+        the others take its partitions over at once. A member that is in fact alive joins
+        again at its next poll, and what it read before is fenced. True if it was a member."""
+        raise NotImplementedError(f"{type(self).__name__} cannot evict group members")
+
     @abstractmethod
     def close(self) -> None:
         ...

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 from pipelines.eventlog.base import (
     EventLog, GroupConsumer, Message, Record, Tail, TopicPartition, TopicSpec, UnknownTopic,
 )
-from pipelines.eventlog.embedded_groups import EmbeddedGroupConsumer, GroupOptions
+from pipelines.eventlog.embedded_groups import EmbeddedGroupConsumer, GroupOptions, rebalance
 from pipelines.eventlog.embedded_store import (
     check_partition, connect, create_schema, insert_records, now_ms, partition_count, partition_rows, select_records,
     write_txn,
@@ -146,6 +146,14 @@ class EmbeddedEventLog(EventLog):
         from pipelines.eventlog.embedded_tail import EmbeddedTail  # one statement per change, not per partition
 
         return EmbeddedTail(self, topic, offsets)
+
+    def evict(self, group: str, member_id: str) -> bool:
+        with self._lock, write_txn(self._conn):
+            gone = self._conn.execute("DELETE FROM group_members WHERE grp = ? AND member_id = ?",
+                                      (group, member_id)).rowcount
+            if gone:  # a new generation: the others see it at their next look
+                rebalance(self._conn, group, self._group_options.session_timeout_s)
+        return bool(gone)
 
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         member = EmbeddedGroupConsumer(

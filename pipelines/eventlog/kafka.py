@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition as KafkaTP
 from kafka import errors as kerr
+from kafka.admin import MemberToRemove
 
 from pipelines.eventlog.base import (
     EventLog, EventLogError, GroupConsumer, Message, Record, Tail, TopicPartition, TopicSpec, UnknownTopic,
@@ -24,6 +25,10 @@ from pipelines.eventlog.kafka_groups import KafkaGroupConsumer, to_record
 _TOPIC_ALREADY_EXISTS = kerr.TopicAlreadyExistsError.errno
 _UNKNOWN_TOPIC = kerr.UnknownTopicOrPartitionError.errno
 RECONNECT_BACKOFF_MAX_MS = 1000
+# A group member silent this long is dropped by the broker (kafka-python's default is 45 s,
+# the Java client's was 10 s for years). Members known gone sooner are evicted at once
+# (`evict`); this bounds the wait where nobody knows.
+GROUP_DEFAULTS = {"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000}
 
 
 class KafkaEventLog(EventLog):
@@ -53,7 +58,7 @@ class KafkaEventLog(EventLog):
         # so every client is back within a second of a broker that returns from an outage.
         self._common = dict(bootstrap_servers=servers, request_timeout_ms=ms, bootstrap_timeout_ms=ms,
                             reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS, **(security or {}))
-        self._group_options = dict(group_options or {})
+        self._group_options = {**GROUP_DEFAULTS, **(group_options or {})}
         self._producer_options = dict(producer_options or {})
         try:
             self._admin = KafkaAdminClient(client_id=f"{client_id}-admin", **self._common)
@@ -261,6 +266,21 @@ class KafkaEventLog(EventLog):
         self._tails.add(tail)
         return tail
 
+    def evict(self, group: str, member_id: str) -> bool:
+        # The broker names members by an id of its own; ours ends each member's client id
+        # (`KafkaGroupConsumer`), whatever client id its process was given.
+        with self._admin_lock:
+            described = self._admin.describe_groups([group])
+            found = [m["member_id"] for m in _group_members(described, group)
+                     if str(m.get("client_id", "")).endswith(f"-{member_id}")]
+            if not found:
+                return False
+            removed = self._admin.remove_group_members(group, [MemberToRemove(member_id=m) for m in found])
+        refused = {m: e for m, e in removed.items() if e is not kerr.NoError and e is not kerr.UnknownMemberIdError}
+        if refused:
+            raise EventLogError(f"could not evict {member_id} from {group!r}: {refused}")
+        return True
+
     def consumer(self, group: str, topics: Sequence[str], *, member_id: str | None = None) -> GroupConsumer:
         member = KafkaGroupConsumer(self, group, list(topics), member_id or uuid.uuid4().hex,
                                     client_id=self._client_id, group_options=self._group_options,
@@ -278,3 +298,10 @@ class KafkaEventLog(EventLog):
         if self._producer is not None:
             self._producer.close(timeout=self._timeout_s)
         self._admin.close()
+
+
+def _group_members(described, group: str) -> list[dict]:
+    """The members of `group` in what `describe_groups` returned (a dict by group id)."""
+    entry = described.get(group) if isinstance(described, dict) else next(
+        (g for g in described if g.get("group_id") == group), None)
+    return list((entry or {}).get("members") or [])

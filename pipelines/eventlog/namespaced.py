@@ -117,6 +117,9 @@ class NamespacedEventLog(EventLog):
                                     member_id=member_id)
         return _NamespacedConsumer(inner, self._names)
 
+    def evict(self, group: str, member_id: str) -> bool:
+        return self.inner.evict(self._names.prefix + group, member_id)
+
     def tail(self, topic: str, offsets: dict[int, int]) -> Tail:
         return _NamespacedTail(self.inner.tail(self._names.outer(topic), offsets), self._names)
 

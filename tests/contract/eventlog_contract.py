@@ -79,6 +79,10 @@ class OnEmbedded:
     def open_log(self) -> EventLog:
         return EmbeddedEventLog(self.path, session_timeout_s=2.0, heartbeat_interval_s=0.2)
 
+    def open_slow_session_log(self) -> EventLog:
+        """Members dropped for silence only after a minute: what `evict` is faster than."""
+        return EmbeddedEventLog(self.path, session_timeout_s=60.0, heartbeat_interval_s=0.2)
+
     def crash_after_producing(self, consumer, outputs):
         conn = consumer._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -99,6 +103,12 @@ class OnKafka:
         return KafkaEventLog(self.servers(), client_id="ledgerlm-contract", timeout_s=30.0,
                              group_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 500,
                                             "max_poll_interval_ms": 8000})
+
+    def open_slow_session_log(self) -> EventLog:
+        """Members dropped for silence only after 45 s (kafka-python's default session)."""
+        return KafkaEventLog(self.servers(), client_id="ledgerlm-contract", timeout_s=30.0,
+                             group_options={"session_timeout_ms": 45_000, "heartbeat_interval_ms": 500,
+                                            "max_poll_interval_ms": 60_000})
 
     def crash_after_producing(self, consumer, outputs):
         producer = consumer._transactional_producer()

@@ -128,6 +128,54 @@ class GroupContract(EventLogContract):
         assert values(taken) == values(records)
         assert values(self.read_all(log, outputs)) == values([m for _, m in derive(outputs, records)])
 
+    def test_an_evicted_member_s_partitions_move_at_once(self):
+        """A member gone silent (its process killed) holds its partitions until the group's
+        session timeout; evicted, they move to the others within seconds."""
+        log = self.open_slow_session_log()
+        self._opened.append(log)
+        inputs, group = self.topic(log, 4), self.fresh("group")
+        members = {name: log.consumer(group, [inputs], member_id=name) for name in ("silent", "survivor")}
+        assignments = {name: set() for name in members}
+        polling = {name: threading.Event() for name in members}
+        failures: list[BaseException] = []
+        done = threading.Event()
+
+        def work(name: str) -> None:
+            try:
+                polling[name].set()
+                while not done.is_set() and polling[name].is_set():
+                    members[name].poll(timeout_s=0.1)
+                    assignments[name] = members[name].assignment()
+            except BaseException as exc:  # surfaced by the main thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(name,), daemon=True) for name in members]
+        for t in threads:
+            t.start()
+        try:
+            everything = {(inputs, p) for p in range(4)}
+            self.wait_for(lambda: failures or (assignments["silent"] and assignments["survivor"]
+                                               and assignments["silent"] | assignments["survivor"] == everything),
+                          timeout_s=GROUP_WAIT_S, what="the two members to split the partitions")
+            polling["silent"].clear()  # it stops dead: no poll, no close, no leave
+            threads[0].join(30)
+            assert not threads[0].is_alive(), "the silent member's loop did not stop"
+            assert log.evict(group, "nobody") is False
+            evicted_at = time.monotonic()
+            assert log.evict(group, "silent") is True
+            self.wait_for(lambda: failures or assignments["survivor"] == everything, timeout_s=30,
+                          what="the evicted member's partitions to move to the survivor")
+            moved_s = time.monotonic() - evicted_at
+        finally:
+            done.set()
+            for t in threads:
+                t.join(60)
+        assert not failures, failures
+        assert moved_s < 20, f"{moved_s:.1f} s: no faster than the group's session timeout"
+        # The survivor reads what lands on every partition now.
+        log.append(inputs, [Message(f"tenant-{i}", b"%d" % i) for i in range(8)])
+        assert len(self.poll_until(members["survivor"], 8, "every record, on the survivor")) == 8
+
     def test_two_members_split_the_partitions_and_consume_every_record_once(self):
         log = self.opened()
         inputs, outputs, group = self.topic(log, 4), self.topic(log, 4), self.fresh("group")

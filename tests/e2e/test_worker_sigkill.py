@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -93,6 +94,82 @@ def test_a_sigkilled_worker_is_lost_in_seconds_and_its_stream_ends(log_kind, adm
             again = wait_until(lambda: (r := client.post("/v1/generations", json=short)).status_code != 503 and r, 30,
                                what="the API to route the tenant to the shared pool")
             assert again.status_code == 200 and again.json()["type"] == "completed", again.text
+        assert doomed.proc.returncode == -signal.SIGKILL
+
+
+# The groups alone would hand a silent member's partitions over only after this long; a
+# worker judged lost is evicted from them at once, which the next test must show.
+SLOW_GROUP_SESSION_S = 40.0
+MOVED_WITHIN_S = 15.0  # from the kill: judged lost (3 s), evicted, taken over, served
+
+
+def started_by(log, request_id: str) -> str | None:
+    starts = [env.payload.worker_id for _, env in request_events(log, request_id, topics.OUTCOMES)
+              if env.event_type == "GenerationStarted"]
+    return starts[0] if starts else None
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("log_kind, admits", [("embedded", False), ("kafka", True)])
+def test_a_sigkilled_worker_s_queued_work_moves_to_the_survivor_within_seconds(log_kind, admits, tiny_model_dir,
+                                                                               tmp_path, kafka_url):
+    """Two workers serve one pool; one is SIGKILLed. New requests keyed to the partitions it
+    held (about half) used to wait for the consumer group's session timeout before anyone
+    read them (and, on Kafka with admission in the workers, its tenants' admission too)."""
+    environment = {"LEDGERLM_ENGINE_FACTORY": "tests.slow_engine:SlowEngine.from_settings", "LEDGERLM_CPUS": "all",
+                   "LEDGERLM_WORKER_LOST_AFTER_S": str(LOST_AFTER_S), "LEDGERLM_TEST_TOKEN_PAUSE_S": "0.01",
+                   "LEDGERLM_GROUP_SESSION_TIMEOUT_S": str(SLOW_GROUP_SESSION_S)}
+    with deployed(log_kind, tiny_model_dir, tmp_path / "deployed", max_seqs=4, take_ahead=0, stream_linger_ms=0,
+                  worker_admits=admits, environment=environment) as platform:
+        tenant_id, secret = platform.tenant()
+        pool = f"pair-{uuid.uuid4().hex[:6]}"
+        admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
+        argv = [sys.executable, "-m", "workers", "serve", "worker", "--pool", pool, *(["--admit"] if admits else [])]
+        short = {"model_alias": MODEL_ALIAS, "input": "hi", "max_output_tokens": 3, "ignore_eos": True,
+                 "stream": False}
+        with Launched(argv, env=platform.env, log=tmp_path / "doomed.log", ready='"ready": true', ready_s=120,
+                      stop_s=5) as doomed, \
+                Launched(argv, env=platform.env, log=tmp_path / "survivor.log", ready='"ready": true', ready_s=120,
+                         stop_s=30) as survivor, \
+                httpx.Client(base_url=platform.base_url, timeout=120,
+                             headers={"Authorization": f"Bearer {secret}"}) as client:
+            wait_until(lambda: client.get("/v1/models").status_code == 200, 30, what="the API to know the key")
+            served_by: set[str] = set()
+
+            def both_serve():
+                r = client.post("/v1/generations", json=short)
+                assert r.status_code in (200, 503), r.text  # 503: the API has not seen the pool's workers yet
+                if r.status_code == 200:
+                    served_by.add(wait_until(lambda: started_by(platform.log, r.json()["request_id"]), 30,
+                                             what="its start on the outcomes topic"))
+                return len(served_by) == 2
+            wait_until(both_serve, 120, every_s=0, what="both workers to serve (each holds partitions)")
+            doomed_id = next(w for w in served_by if f"-{doomed.pid}-" in w)
+
+            os.kill(doomed.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            results: list[tuple[int, float, str]] = []
+
+            def one(i: int):
+                t0 = time.monotonic()
+                r = client.post("/v1/generations", json={**short, "request_id": f"after-kill-{i}"})
+                results.append((r.status_code, time.monotonic() - killed_at, r.text[:300] if r.status_code != 200
+                                else r.json()["request_id"]))
+                return t0
+            threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(SLOW_GROUP_SESSION_S + 60)
+            assert len(results) == 8, results
+            failed = [r for r in results if r[0] != 200]
+            assert not failed, failed
+            slowest = max(at for _, at, _ in results)
+            assert slowest <= MOVED_WITHIN_S, (f"a request after the kill was served {slowest:.1f} s after it: "
+                                               f"its partition waited for the group", sorted(results))
+            servers = {started_by(platform.log, rid) for _, _, rid in results}
+            assert doomed_id not in servers and len(servers) == 1, (doomed_id, servers)
+            survivor.check()
         assert doomed.proc.returncode == -signal.SIGKILL
 
 

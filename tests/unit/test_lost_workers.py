@@ -143,3 +143,44 @@ def test_a_worker_back_from_the_dead_does_not_revive_what_was_ended():
     assert book.running == {} and not book.open
     back = replace(worker("w"), last_seen=at(11))
     assert lost_generations(book, [back], at=at(30), lost_after_s=LOST_AFTER_S) == []
+
+
+class EvictingLog:
+    """Just `evict`: remembers what it was asked; members listed in `members` are found."""
+
+    def __init__(self, members: set[tuple[str, str]], fail: int = 0):
+        self.members, self.fail, self.asked = members, fail, []
+
+    def evict(self, group: str, member_id: str) -> bool:
+        self.asked.append((group, member_id))
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("broker away")
+        return (group, member_id) in self.members
+
+
+def test_a_worker_gone_silent_is_evicted_from_its_groups_once_and_one_that_left_never():
+    dead, left, live = worker("w-dead", last_seen=0), worker("w-left", last_seen=0, left_at=1), worker("w-live")
+    work_group = topics.work_group("interactive", REV)
+    log = EvictingLog({(work_group, "w-dead"), (topics.ADMISSION_GROUP, "w-dead-admission")}, fail=1)
+    view = StubView([dead, left, replace(live, last_seen=at(9))], complete_at=at(2))
+    watch = FleetWatch(log, lost_after_s=LOST_AFTER_S, view=view, start=False)
+    assert watch.evict_gone() == [] and log.asked == [], "silent for 2 s is not gone yet"
+    view.complete_at = at(10)
+    try:  # the log fails the first try: nothing is taken as done
+        watch.evict_gone()
+        raise AssertionError("the log's failure should reach the caller")
+    except ConnectionError:
+        pass
+    assert watch.evict_gone() == ["w-dead"]
+    assert log.asked[1:] == [(work_group, "w-dead"), (topics.ADMISSION_GROUP, "w-dead-admission")]
+    assert watch.evict_gone() == [] and len(log.asked) == 3, "evicted once"
+
+
+def test_a_log_that_cannot_evict_leaves_it_to_the_session_timeouts():
+    class Plain:
+        def evict(self, group, member_id):
+            raise NotImplementedError
+    watch = FleetWatch(Plain(), lost_after_s=LOST_AFTER_S, view=StubView([worker("w", last_seen=0)], at(10)),
+                       start=False)
+    assert watch.evict_gone() == [] and watch.evict_gone() == []
