@@ -55,7 +55,7 @@ class Reaper:
         reaper = cls(process, writer)
         # It says when it has its first list: whatever the caller started before is covered.
         with process.stdout:
-            ready, _, _ = select.select([process.stdout], [], [], STARTED_WITHIN_S)
+            ready = _readable(process.stdout, STARTED_WITHIN_S)
             if not (ready and process.stdout.read(1) == STARTED):
                 reaper.release()
                 raise RuntimeError(f"the reaper did not start within {STARTED_WITHIN_S:g} s")
@@ -93,7 +93,7 @@ def watch(pid: int, reader: int, *, grace_s: float = GRACE_S, refresh_s: float =
     watched = _refresh(known, watched)
     _say_started()
     while True:
-        ready, _, _ = select.select([reader], [], [], refresh_s)
+        ready = _readable(reader, refresh_s)
         if ready:
             said = os.read(reader, 1)
             if said == RELEASED:
@@ -179,3 +179,11 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def _readable(source, timeout_s: float) -> bool:
+    """Whether `source` (a file or a descriptor) has something to read within `timeout_s`.
+    poll, not select: a long-lived process may hold descriptors past select's limit (1024)."""
+    poller = select.poll()
+    poller.register(source, select.POLLIN | select.POLLHUP)
+    return bool(poller.poll(timeout_s * 1000))

@@ -16,6 +16,18 @@ from tests.helpers import wait_until
 LONG = {"model_alias": MODEL_ALIAS, "input": "tell a long story", "max_output_tokens": 400, "ignore_eos": True}
 
 
+def leave_after(client, body: dict, tokens: int) -> str:
+    """Streams a generation and goes away once `tokens` output tokens were read; its id."""
+    with client.stream("POST", "/v1/generations", json=body) as response:
+        assert response.status_code == 200
+        read = 0
+        for _, data in sse_frames(response):
+            read += data.get("token_count", 0)
+            if read >= tokens:
+                return data["request_id"]
+    raise AssertionError(f"the stream ended before {tokens} tokens were read")
+
+
 def test_the_reconnect_grace_is_a_setting():
     assert Settings().disconnect_grace_s == 2.0
     assert Settings(disconnect_grace_s=0.5).disconnect_grace_s == 0.5
@@ -30,14 +42,7 @@ def test_a_client_that_drops_after_a_few_tokens_is_charged_what_was_generated_an
     loop = platform.start_worker(pool=pool, max_in_flight=1, engine=PacedEngine(platform.runner.engine, 0.02))
     try:
         with platform.client(secret) as client:
-            with client.stream("POST", "/v1/generations", json=LONG) as response:
-                assert response.status_code == 200
-                read = 0
-                for _, data in sse_frames(response):
-                    request_id = data["request_id"]
-                    read += data.get("token_count", 0)
-                    if read >= 3:
-                        break
+            request_id = leave_after(client, LONG, 3)
             # Gone after 3 tokens; the generation runs on through the grace, then is cancelled.
             settled = settlement(platform, tenant_id, request_id)
             assert settled.terminal_status == "cancelled"
@@ -67,14 +72,7 @@ def test_a_client_that_drops_and_whose_generation_ends_inside_the_grace_is_shown
     body = {**LONG, "max_output_tokens": 60}
     try:
         with platform.client(secret) as client:
-            with client.stream("POST", "/v1/generations", json=body) as response:
-                assert response.status_code == 200
-                read = 0
-                for _, data in sse_frames(response):
-                    request_id = data["request_id"]
-                    read += data.get("token_count", 0)
-                    if read >= 3:
-                        break
+            request_id = leave_after(client, body, 3)
             settled = settlement(platform, tenant_id, request_id)
             assert (settled.terminal_status, settled.output_tokens) == ("completed", 60), settled
             status = wait_until(lambda: (s := client.get(f"/v1/generations/{request_id}").json())["usage"]["settled"]
