@@ -177,13 +177,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 def _readable(source, timeout_s: float) -> bool:
     """Whether `source` (a file or a descriptor) has something to read within `timeout_s`.
     poll, not select: a long-lived process may hold descriptors past select's limit (1024)."""
     poller = select.poll()
     poller.register(source, select.POLLIN | select.POLLHUP)
     return bool(poller.poll(timeout_s * 1000))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
