@@ -3,6 +3,7 @@ built by applying ledger events (at their event times), so a restarted processor
 rebuilds exactly the state its predecessor decided with."""
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -36,6 +37,10 @@ class ReservationBook:
     # Open reservations by the worker running them (from the outcomes topic, not the ledger:
     # see `pipelines.lost_workers`), so a lost worker's generations are found without a scan.
     running: dict[str, set[str]] = field(default_factory=dict)  # worker_id -> request ids
+    # (expires_at, request_id) of every reservation opened, earliest first, so the look for
+    # overdue ones (on every admission poll) reads only those due; closed ones are dropped
+    # from it lazily, when they reach its top.
+    _by_expiry: list[tuple[datetime, str]] = field(default_factory=list, repr=False, compare=False)
 
     def usage_of(self, tenant_id: str) -> TenantUsage:
         if tenant_id not in self.usage:
@@ -51,6 +56,7 @@ class ReservationBook:
                 p.reservation_id, p.request_id, env.tenant_id, p.tokens, p.cost_micros, p.expires_at, p.model_revision,
                 reserved_at=env.occurred_at,
             )
+            heapq.heappush(self._by_expiry, (p.expires_at, p.request_id))
             self.usage_of(env.tenant_id).reserve(p.request_id, env.occurred_at, p.tokens, p.cost_micros)
         elif isinstance(p, UsageSettled):
             self._close(env, p.request_id, p.input_tokens + p.output_tokens, p.cost_micros)
@@ -109,4 +115,14 @@ class ReservationBook:
         return [r for r in self.open.values() if r.tenant_id == tenant_id]
 
     def expired(self, now: datetime) -> list[Reservation]:
-        return sorted((r for r in self.open.values() if r.expires_at <= now), key=lambda r: r.expires_at)
+        """Open reservations due by `now`, earliest first. They stay open (and are found again)
+        until their expiry or settlement is applied."""
+        due: list[tuple[datetime, str]] = []
+        while self._by_expiry and self._by_expiry[0][0] <= now:
+            entry = heapq.heappop(self._by_expiry)
+            reservation = self.open.get(entry[1])
+            if reservation is not None and reservation.expires_at == entry[0]:
+                due.append(entry)
+        for entry in due:
+            heapq.heappush(self._by_expiry, entry)
+        return [self.open[request_id] for _, request_id in due]

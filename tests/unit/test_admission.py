@@ -160,6 +160,22 @@ def test_lost_work_expires_at_deadline_plus_grace_and_a_late_terminal_is_ignored
     assert handle_terminal(out[1][1], registry=reg, book=book) == [], "its own expiry notice settles nothing"
 
 
+def test_only_due_reservations_are_expired_earliest_first_and_closed_ones_never():
+    reg, book = registry(), ReservationBook()
+    for name, deadline_s in (("late", 30), ("early", 10), ("middle", 20), ("settled", 5)):
+        handle_requested(requested(name, deadline_s=deadline_s), registry=reg, book=book, now=T0, grace=GRACE)
+    handle_terminal(completed("settled", output_tokens=3), registry=reg, book=book)
+    assert book.expired(T0 + timedelta(seconds=14)) == []
+    due = book.expired(T0 + timedelta(seconds=25))
+    assert [r.request_id for r in due] == ["early", "middle"]
+    # Not yet closed: found again; once its expiry is applied, never.
+    assert [r.request_id for r in book.expired(T0 + timedelta(seconds=25))] == ["early", "middle"]
+    out = expire_overdue(book=book, now=T0 + timedelta(seconds=25))
+    assert sorted(env.correlation_id for _, env in out if env.event_type == "ReservationExpired") == ["early", "middle"]
+    assert book.expired(T0 + timedelta(seconds=34)) == []
+    assert [r.request_id for r in book.expired(T0 + timedelta(seconds=35))] == ["late"]
+
+
 def test_deadline_passed_in_the_queue_settles_as_expired():
     reg, book = registry(), ReservationBook()
     handle_requested(requested("slow"), registry=reg, book=book, now=T0, grace=GRACE)
