@@ -125,10 +125,11 @@ class Settings(BaseSettings):
     # loaded host can hold a beat back a second or two, and a false loss ends running work.
     worker_lost_after_s: float = Field(default=5.0, gt=0)
     # How long a consumer group waits for a silent member before handing its partitions to
-    # the others (both logs). A worker judged lost is evicted from its groups at once, so
-    # this bounds only what nobody judges (no admission running, a member outside the fleet).
-    # Kafka brokers refuse sessions below `group.min.session.timeout.ms` (6 s by default).
-    group_session_timeout_s: float = Field(default=10.0, gt=0)
+    # the others; None: the log's own (10 s embedded, 30 s on Kafka, where a broker restart
+    # must not drop every member). A worker judged lost is evicted from its groups at once,
+    # so this bounds only what nobody judges (no admission running, a member outside the
+    # fleet). Kafka brokers refuse sessions below `group.min.session.timeout.ms` (6 s).
+    group_session_timeout_s: float | None = Field(default=None, gt=0)
     # How much work may wait per (pool, revision): this many requests per live slot, never
     # fewer than the floor; high priority twice as many, so normal work is shed first when
     # capacity falls (`pipelines.capacity.QueueBound`).

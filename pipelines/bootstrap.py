@@ -42,16 +42,17 @@ class Bootstrap:
         if settings.event_log_url.startswith("sqlite:///"):
             settings.ensure_home()
         options: dict = {}
-        session_s = settings.group_session_timeout_s
+        session_s = settings.group_session_timeout_s  # None: the log's own
         if settings.event_log_url.startswith("kafka://"):
             options["security"] = kafka_security(settings)
-            options["group_options"] = {"session_timeout_ms": int(session_s * 1000),
-                                        "heartbeat_interval_ms": int(min(1.0, session_s / 6) * 1000)}
+            if session_s is not None:
+                options["group_options"] = {"session_timeout_ms": int(session_s * 1000),
+                                            "heartbeat_interval_ms": int(min(1.0, session_s / 6) * 1000)}
             if timeout_s:
                 options["timeout_s"] = timeout_s
             if settings.kafka_replication_factor:
                 options["replication_factor"] = settings.kafka_replication_factor
-        elif settings.event_log_url.startswith("sqlite:///"):
+        elif settings.event_log_url.startswith("sqlite:///") and session_s is not None:
             options.update(session_timeout_s=session_s, heartbeat_interval_s=min(1.0, session_s / 6))
         log = open_event_log(settings.event_log_url, **options)
         if settings.event_log_namespace:

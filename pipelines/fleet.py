@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 # The heartbeat interval the read-back window assumes (workers beat about once a second);
 # a view of slower workers is told theirs.
 DEFAULT_INTERVAL_S = 1.0
+# Complete reads further apart than this mean the view could not read the log meanwhile (an
+# outage, a stalled host): silence in that gap is not the workers' own (`reading_since`).
+READ_GAP_S = 2.0
 
 
 def wall_clock() -> datetime:
@@ -55,6 +58,10 @@ class FleetView:
         # A reader that shows workers lost or gone within `look_back_s` starts that far back.
         self._look_back_s = max(self._silence_s + interval_s, look_back_s)
         self.complete_at: datetime | None = None
+        # When the current run of complete reads began, none more than `READ_GAP_S` after the
+        # one before: heartbeats the log could not carry to the view before then are not
+        # missed ones (after a broker outage every worker would look silent for its length).
+        self.reading_since: datetime | None = None
         self._max_records, self._max_read_s = max_records, max_read_s
         self._state = FleetState()
         self._tail: Tail | None = None
@@ -84,6 +91,8 @@ class FleetView:
             with self._lock:
                 self._state.forget(self._clock() - self._forget_after)
                 if all(tail.offsets[p] >= end for p, end in ends.items()):
+                    if self.complete_at is None or (began - self.complete_at).total_seconds() > READ_GAP_S:
+                        self.reading_since = began
                     self.complete_at = began
         return self
 

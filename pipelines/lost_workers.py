@@ -21,7 +21,9 @@ intervals where those are longer) without a leave, or left at least
 worker the view never heard of is not judged (a worker without fleet presence, or one
 that died before the view's read-back): the expiry sweep still ends its work. Silence is
 judged as of the view's last complete read (`FleetView.complete_at`), so a log that
-answers slowly makes nobody lost, and no later than admission last read all its input, so
+answers slowly makes nobody lost, and counted only from when the view began to read
+unbroken (`FleetView.reading_since`), so a broker outage, which silences every worker for
+its length, makes nobody lost either; and no later than admission last read all its input, so
 an end the worker wrote before it went is read and settled at its real usage, never
 overtaken by a `worker_lost` of its own request.
 """
@@ -48,8 +50,11 @@ TERMINALS = (GenerationCompleted, GenerationFailed, GenerationCancelled)
 START_SKEW = timedelta(seconds=60)
 
 
-def gone_why(worker: WorkerState | None, at: datetime, lost_after_s: float) -> str | None:
-    """Why `worker`'s running generations are to be ended as of `at`, or None."""
+def gone_why(worker: WorkerState | None, at: datetime, lost_after_s: float,
+             heard_since: datetime | None = None) -> str | None:
+    """Why `worker`'s running generations are to be ended as of `at`, or None. Silence is
+    counted from `heard_since` at the earliest (`FleetView.reading_since`: before then the
+    reader could not have heard it)."""
     if worker is None:
         return None  # never heard of: not judged (the expiry sweep ends its work)
     # Never less than three of the worker's own intervals: one that beats slowly is not lost between beats.
@@ -59,17 +64,18 @@ def gone_why(worker: WorkerState | None, at: datetime, lost_after_s: float) -> s
         if at - worker.left_at >= after:
             return f"worker {worker.worker_id} left with this generation still running"
         return None
-    if at - worker.last_seen > after:
+    silent_from = worker.last_seen if heard_since is None else max(worker.last_seen, heard_since)
+    if at - silent_from > after:
         return f"worker {worker.worker_id} stopped heartbeating (last heard {worker.last_seen.isoformat()})"
     return None
 
 
 def lost_generations(book: ReservationBook, workers: list[WorkerState], *, at: datetime,
-                     lost_after_s: float) -> list[tuple[Reservation, str]]:
+                     lost_after_s: float, heard_since: datetime | None = None) -> list[tuple[Reservation, str]]:
     """Open generations of the gone workers among `workers` (judged as of `at`), with why."""
     found = []
     for worker in workers:
-        if worker.worker_id in book.running and (why := gone_why(worker, at, lost_after_s)) is not None:
+        if worker.worker_id in book.running and (why := gone_why(worker, at, lost_after_s, heard_since)) is not None:
             found += [(reservation, why) for reservation in book.running_on(worker.worker_id)]
     return found
 
@@ -161,7 +167,7 @@ class FleetWatch:
         for worker in self.view.all():
             if worker.left_at is not None or worker.worker_id in self.evicted:
                 continue  # one that left closed its memberships itself
-            why = gone_why(worker, at, self.lost_after_s)
+            why = gone_why(worker, at, self.lost_after_s, self.view.reading_since)
             if why is None:
                 continue
             try:
@@ -187,7 +193,8 @@ class FleetWatch:
         if self.view.complete_at is None or read_to is None:
             return []
         at = min(self.view.complete_at, read_to)
-        return lost_generations(book, self.view.all(), at=at, lost_after_s=self.lost_after_s)
+        return lost_generations(book, self.view.all(), at=at, lost_after_s=self.lost_after_s,
+                                heard_since=self.view.reading_since)
 
     def close(self) -> None:
         self._stop.set()

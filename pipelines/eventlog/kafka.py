@@ -25,10 +25,12 @@ from pipelines.eventlog.kafka_groups import KafkaGroupConsumer, to_record
 _TOPIC_ALREADY_EXISTS = kerr.TopicAlreadyExistsError.errno
 _UNKNOWN_TOPIC = kerr.UnknownTopicOrPartitionError.errno
 RECONNECT_BACKOFF_MAX_MS = 1000
-# A group member silent this long is dropped by the broker (kafka-python's default is 45 s,
-# the Java client's was 10 s for years). Members known gone sooner are evicted at once
-# (`evict`); this bounds the wait where nobody knows.
-GROUP_DEFAULTS = {"session_timeout_ms": 10_000, "heartbeat_interval_ms": 1_000}
+# A group member silent this long is dropped by the broker (kafka-python's default is 45 s).
+# Members known gone are evicted at once (`evict`), so this bounds only the wait where nobody
+# knows; kept well above a broker restart or stall, which would otherwise drop every member
+# at once (all their takes fenced, all groups rebalanced). Beats every second: after an
+# eviction the survivors learn of the rebalance on their next beat.
+GROUP_DEFAULTS = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 1_000}
 
 
 class KafkaEventLog(EventLog):

@@ -81,6 +81,7 @@ class Traffic:
                 try:
                     body = r.json()
                     result["code"] = body["error"]["code"] if "error" in body else body.get("type")
+                    result["reason"] = body.get("reason")  # why a cancelled one was
                 except ValueError:
                     result["code"] = f"not JSON: {r.text[:200]!r}"
             except httpx.HTTPError as exc:

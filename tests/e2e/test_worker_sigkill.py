@@ -29,9 +29,8 @@ from tests.helpers import Launched, wait_until
 from tests.perf.deployed import deployed
 
 LOST_AFTER_S = 3.0
-GROUP_SESSION_S = 10.0  # how long a consumer group takes to drop a killed member (both logs' default)
 SLACK_S = 5.0
-REBALANCE_S = 6 * GROUP_SESSION_S
+REBALANCE_S = 60.0  # admission's partitions moving off a killed worker: judged lost, evicted, rebalanced
 
 
 def sse(response):
@@ -175,8 +174,10 @@ def test_a_sigkilled_worker_s_queued_work_moves_to_the_survivor_within_seconds(l
             failed = [r for r in results if r[0] != 200]
             assert not failed, failed
             slowest = max(at for _, at, _ in results)
+            evictions = [line for line in survivor.output().splitlines() if "evicted from" in line]
             assert slowest <= MOVED_WITHIN_S, (f"a request after the kill was served {slowest:.1f} s after it: "
-                                               f"its partition waited for the group", sorted(results))
+                                               f"its partition waited for the group", sorted(results), evictions,
+                                               survivor.shown())
             servers = {started_by(platform.log, rid) for _, _, rid in results}
             assert doomed_id not in servers and len(servers) == 1, (doomed_id, servers)
             survivor.check()

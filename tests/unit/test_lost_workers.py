@@ -13,6 +13,7 @@ from models.events_generation import GenerationStarted
 from models.fleet import WorkerState
 from models.reservations import ReservationBook
 from pipelines.admission import end_lost, handle_requested, handle_terminal
+from pipelines.fleet import READ_GAP_S, FleetView
 from pipelines.lost_workers import FleetWatch, gone_why, lost_generations, observe
 from tests.unit.test_admission import GRACE, REV, T0, completed, registry, requested, types
 
@@ -110,8 +111,8 @@ def test_the_book_follows_starts_and_ends_of_open_requests_only():
 
 
 class StubView:
-    def __init__(self, workers, complete_at):
-        self.workers, self.complete_at = workers, complete_at
+    def __init__(self, workers, complete_at, reading_since=None):
+        self.workers, self.complete_at, self.reading_since = workers, complete_at, reading_since
 
     def all(self):
         return self.workers
@@ -184,3 +185,68 @@ def test_a_log_that_cannot_evict_leaves_it_to_the_session_timeouts():
     watch = FleetWatch(Plain(), lost_after_s=LOST_AFTER_S, view=StubView([worker("w", last_seen=0)], at(10)),
                        start=False)
     assert watch.evict_gone() == [] and watch.evict_gone() == []
+
+
+
+def test_silence_counts_only_from_when_the_reader_could_hear_again():
+    """A broker outage silences every worker for its length: that silence is not theirs."""
+    silent = worker("w", last_seen=0)
+    assert gone_why(silent, at(10), LOST_AFTER_S, heard_since=at(8)) is None
+    assert "stopped heartbeating" in gone_why(silent, at(11.1), LOST_AFTER_S, heard_since=at(8))
+    book = book_running(r1="w")
+    assert lost_generations(book, [silent], at=at(10), lost_after_s=LOST_AFTER_S, heard_since=at(8)) == []
+    watch = FleetWatch(None, lost_after_s=LOST_AFTER_S, view=StubView([silent], at(10), reading_since=at(8)),
+                       start=False)
+    assert watch.lost(book, monotonic=1.0, read_to=at(10)) == []
+
+
+class EmptyTail:
+    """A fleet topic with nothing on it, whose reads fail while `down`."""
+
+    def __init__(self):
+        self.offsets, self.down = {0: 0}, False
+
+    def seek_to_time(self, ms):
+        pass
+
+    def end_offsets(self):
+        if self.down:
+            raise ConnectionError("broker away")
+        return {0: 0}
+
+    def close(self):
+        pass
+
+
+class OneTailLog:
+    def __init__(self, tail):
+        self._tail = tail
+
+    def partitions(self, name):
+        return 1
+
+    def tail(self, name, offsets):
+        return self._tail
+
+
+def test_the_view_reads_unbroken_from_its_first_read_and_again_from_the_one_after_a_gap():
+    tail, now = EmptyTail(), [at(0)]
+    view = FleetView(OneTailLog(tail), lost_after_s=LOST_AFTER_S, clock=lambda: now[0])
+    view.refresh()
+    assert view.reading_since == at(0)
+    now[0] = at(0.5)
+    view.refresh()
+    assert (view.complete_at, view.reading_since) == (at(0.5), at(0)), "reads close together: one run"
+    tail.down = True
+    for t in (1, 5, 9):  # the log is away: no read completes
+        now[0] = at(t)
+        try:
+            view.refresh()
+            raise AssertionError("the failed read should reach the caller")
+        except ConnectionError:
+            pass
+    assert view.reading_since == at(0)
+    tail.down = False
+    now[0] = at(0.5 + READ_GAP_S + 10)
+    view.refresh()
+    assert view.reading_since == view.complete_at == at(0.5 + READ_GAP_S + 10)
