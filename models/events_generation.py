@@ -71,6 +71,10 @@ class GenerationRequested(Payload):
     # out of the bytes, so older events encode as before) when the client sent no key.
     idempotency_key_sha256: str | None = Field(default=None, exclude_if=lambda v: v is None)
     request_sha256: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # The rollout whose routing table chose `model_revision`, and the arm ('stable' or
+    # 'candidate'); absent (and left out of the bytes) when the alias had none open.
+    rollout_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    rollout_arm: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # Output tokens the API had sent its client when it went away (reason `client_gone`): the

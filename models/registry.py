@@ -21,7 +21,14 @@ from models.events_admin import (
     ModelRevisionRetired, TenantCreated, TenantLimitsChanged, TenantOwnLimitsChanged, TenantReinstated,
     TenantSuspended,
 )
+from models.events_rollout import (
+    RevisionDrained, RolloutPaused, RolloutPromoted, RolloutResumed, RolloutRolledBack, RolloutStarted, RolloutStepped,
+)
 from models.quota import Limits
+from models.rollout import ARM_CANDIDATE, ARM_STABLE, RolloutState, Route, apply_rollout
+
+ROLLOUT_EVENTS = (RolloutStarted, RolloutStepped, RolloutPaused, RolloutResumed, RolloutPromoted, RolloutRolledBack,
+                  RevisionDrained)
 
 
 def hash_secret(secret: str) -> str:
@@ -77,6 +84,8 @@ class Registry:
     own_limits: dict[str, dict] = field(default_factory=dict)  # a tenant admin's, within the grant
     expires: dict[str, datetime] = field(default_factory=dict)  # key_id -> when it stops authenticating
     suspended: dict[str, str | None] = field(default_factory=dict)  # tenant -> the reason given, if any
+    rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by rollout id, ended ones too
+    open_rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by alias: its routing table
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
@@ -116,6 +125,15 @@ class Registry:
             self.suspended[p.tenant_id] = p.reason
         elif isinstance(p, TenantReinstated):
             self.suspended.pop(p.tenant_id, None)
+        elif isinstance(p, ROLLOUT_EVENTS):
+            self._apply_rollout(env)
+
+    def _apply_rollout(self, env: Envelope) -> None:
+        were_open = dict(self.open_rollouts)
+        apply_rollout(self.rollouts, self.open_rollouts, env)
+        for alias, state in were_open.items():  # promoted now: the alias points at its candidate
+            if state.outcome == "promoted" and alias in self.aliases:
+                self.aliases[alias] = Alias(alias, state.candidate_revision, self.aliases[alias].allowed_tenants)
 
     def authenticate(self, secret: str, now: datetime | None = None) -> Principal | None:
         """The key's principal; None for an unknown, revoked or expired key. A suspended
@@ -134,13 +152,27 @@ class Registry:
             return None
         return self.revisions.get(model_revision)
 
-    def resolve_alias(self, alias: str, tenant_id: str) -> Revision | None:
+    def resolve_alias(self, alias: str, tenant_id: str, key: str | None = None) -> Revision | None:
         """The revision an alias pins for this tenant; None when unknown, not allowed, or
-        pointing at a revision that is retired (`retired_behind` tells that case apart)."""
+        pointing at a revision that is retired (`retired_behind` tells that case apart).
+        With a stickiness key (`models.rollout.stickiness_key`), an open rollout's choice."""
+        route = self.route(alias, tenant_id, key)
+        return None if route is None else self.pinnable(route.model_revision)
+
+    def route(self, alias: str, tenant_id: str, key: str | None = None) -> Route | None:
+        """Where a request for the alias goes: without a key, or without an open canary, the
+        alias's revision; with both, the arm the key is on (stable when the candidate cannot
+        be pinned). None when the alias is unknown or not allowed to the tenant."""
         entry = self.aliases.get(alias)
         if entry is None or not entry.allows(tenant_id):
             return None
-        return self.pinnable(entry.model_revision)
+        rollout = self.open_rollouts.get(alias)
+        if rollout is None or key is None:
+            return Route(entry.model_revision)
+        arm = rollout.arm_for(key)
+        if arm == ARM_CANDIDATE and self.pinnable(rollout.candidate_revision) is None:
+            arm = ARM_STABLE
+        return Route(rollout.revision_of(arm), rollout.rollout_id, arm)
 
     def retired_behind(self, alias: str, tenant_id: str) -> str | None:
         """The retired revision an alias this tenant may use points at; None otherwise.

@@ -188,6 +188,9 @@ def approve_model(
             price_output_per_1k_micros=price_output_per_1k_micros, actor=actor), PLATFORM))
     current = registry.aliases.get(alias)
     if current is None or current.model_revision != model_revision or current.allowed_tenants != frozenset(allowed_tenants):
+        if alias in registry.open_rollouts:
+            raise AdminConflict(f"alias {alias!r} has a rollout under way ({registry.open_rollouts[alias].rollout_id}): "
+                                f"approve the revision under another alias, or end the rollout first")
         events.append(_admin_event(ModelAliasSet(
             alias=alias, model_revision=model_revision, allowed_tenants=allowed_tenants, actor=actor), PLATFORM))
     for env in events:
@@ -229,6 +232,9 @@ def set_alias(view: RegistryView, *, alias: str, model_revision: str, actor: str
               allowed_tenants: tuple[str, ...] = ("*",)) -> Envelope:
     """Points an alias at an approved revision, for every tenant ('*') or the ones named."""
     registry = view.refresh()
+    if alias in registry.open_rollouts:
+        raise AdminConflict(f"alias {alias!r} has a rollout under way ({registry.open_rollouts[alias].rollout_id}): "
+                            f"promote it or roll it back first")
     if model_revision not in registry.revisions:
         raise AdminNotFound(f"model revision {model_revision!r} is not approved")
     if model_revision in registry.retired:

@@ -4,7 +4,7 @@ goes to the requests topic too."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
@@ -13,6 +13,7 @@ from models.events import new_event
 from models.digests import TenantDigests
 from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling
 from models.registry import Principal, Registry
+from models.rollout import ARM_CANDIDATE, ARM_STABLE, stickiness_key
 from pipelines.eventlog import EventLog
 from pipelines.routing import partition_of, publish
 from pipelines.tokencount import TokenCounter, TokenizerUnavailable
@@ -51,6 +52,7 @@ class SubmitGeneration:
     messages: tuple[dict, ...] | None = None  # chat messages [{role, content: str}], templated by the model
     idempotency_key_sha256: str | None = None
     request_sha256: str | None = None
+    user: str | None = None  # the caller's end user, if named: the stickiness key of a rollout
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,13 @@ def submit_generation(
     if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
         raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
                               "grants it (limit may_send_high)", "priority")
-    revision = registry.resolve_alias(cmd.model_alias, principal.tenant_id)
+    route = registry.route(cmd.model_alias, principal.tenant_id,
+                           stickiness_key(principal.tenant_id, principal.application_id, cmd.user))
+    if route is not None and route.arm == ARM_CANDIDATE and fleet is not None and not fleet.serves_soon(
+            registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL, route.model_revision):
+        # No traffic to a candidate nobody serves: its callers stay on stable meanwhile.
+        route = replace(route, model_revision=registry.open_rollouts[cmd.model_alias].stable_revision, arm=ARM_STABLE)
+    revision = None if route is None else registry.pinnable(route.model_revision)
     retired = registry.retired_behind(cmd.model_alias, principal.tenant_id) if revision is None else None
     if retired is not None:
         # Gone on purpose, unlike a typo (404) or load (503): retrying will not help until
@@ -125,7 +133,7 @@ def submit_generation(
         deadline_at=deadline_at, priority=cmd.priority, sampling=cmd.sampling,
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
-        request_sha256=cmd.request_sha256,
+        request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])

@@ -33,6 +33,9 @@ class GenerationBody(SamplingFields):
     deadline_ms: int | None = Field(default=None, gt=0, le=24 * 3600 * 1000)
     stream: bool = True
     priority: Literal["high", "normal"] = "normal"
+    # Who the caller's end user is, if it says: during a rollout, requests naming one user
+    # stay on one revision (otherwise the tenant's application does).
+    user: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 @router.post("/v1/generations")
@@ -41,7 +44,7 @@ async def create_generation(body: GenerationBody, principal: GenerateDep, svc: S
     cmd = SubmitGeneration(
         request_id=body.request_id, model_alias=body.model_alias, prompt=body.input,
         max_output_tokens=body.max_output_tokens, deadline_ms=body.deadline_ms, priority=body.priority,
-        sampling=sampling_of(body),
+        sampling=sampling_of(body), user=body.user,
     )
     live = await start_generation(svc, principal, cmd, request=request, body=body.model_dump(mode="json"),
                                   idempotency_key=idempotency_key, id_prefix="gen_")

@@ -98,7 +98,7 @@ async def chat_completions(body: ChatBody, principal: GenerateDep, svc: Services
         request_id=None, model_alias=body.model, prompt=None,
         messages=tuple(m.as_template_input() for m in body.messages),
         max_output_tokens=body.max_completion_tokens or body.max_tokens, deadline_ms=body.deadline_ms,
-        priority=body.priority, sampling=body.sampling(), route="chat.completions")
+        priority=body.priority, sampling=body.sampling(), route="chat.completions", user=body.user)
     return await _respond(svc, principal, cmd, body, request, idempotency_key, "chat", "chatcmpl-")
 
 
@@ -113,7 +113,8 @@ async def completions(body: CompletionBody, principal: GenerateDep, svc: Service
         raise ApiError(400, "prompt: exactly one prompt per request", code="invalid_value", param="prompt")
     cmd = SubmitGeneration(
         request_id=None, model_alias=body.model, prompt=prompts[0], max_output_tokens=body.max_tokens,
-        deadline_ms=body.deadline_ms, priority=body.priority, sampling=body.sampling(), route="completions")
+        deadline_ms=body.deadline_ms, priority=body.priority, sampling=body.sampling(), route="completions",
+        user=body.user)
     return await _respond(svc, principal, cmd, body, request, idempotency_key, "text", "cmpl-")
 
 
