@@ -1,0 +1,99 @@
+"""A rollout step's verdict, from the generations each arm served during it.
+
+Per step, over requests made since the step began, candidate against stable: TTFT p95 and
+time per output token p95 (as ratios), and the rates of failures and of timeouts (as
+differences). A breach rolls back at once, as soon as both arms have `min_samples`; with
+fewer by the step's end, the rollout pauses as inconclusive (neither a pass nor an
+abort, however long it waits); a step that ran its time clean moves to the next, and the
+last one, clean, promotes. Pure: `judge` sees samples and a time, so a replay of the same
+log reaches the same verdicts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from models.events_generation import GenerationCancelled, GenerationCompleted, GenerationFailed
+from models.rollout import ARM_CANDIDATE, ARM_STABLE, RolloutState
+
+TIMEOUT_CODES = frozenset({"expired", "deadline_expired", "timeout"})
+MIN_MS = 1.0  # a stable figure below this is taken as this, so a ratio never divides by ~0
+
+
+@dataclass(frozen=True)
+class Sample:
+    arm: str
+    outcome: Literal["completed", "failed", "timeout"]
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+def sample_of(arm: str, payload) -> Sample | None:
+    """What one terminal says of its arm; None for an end that says nothing of the revision
+    (a cancel by the client or an admin)."""
+    if isinstance(payload, GenerationCompleted):
+        t = payload.timings
+        tpot = ((t.duration_ms - t.ttft_ms) / (payload.output_tokens - 1)
+                if t.ttft_ms is not None and payload.output_tokens > 1 else None)
+        return Sample(arm, "completed", t.ttft_ms, tpot)
+    if isinstance(payload, GenerationFailed):
+        return Sample(arm, "timeout" if payload.error_code in TIMEOUT_CODES else "failed")
+    if isinstance(payload, GenerationCancelled) and payload.reason == "deadline":
+        return Sample(arm, "timeout")
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Literal["wait", "step", "promote", "pause", "rollback"]
+    figure: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    detail: str | None = None
+
+
+def p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def figures(stable: list[Sample], candidate: list[Sample]) -> dict[str, float]:
+    """Candidate against stable: p95 ratios (where both arms have values) and rate deltas."""
+    out: dict[str, float] = {}
+    for name in ("ttft_ms", "tpot_ms"):
+        s = p95([getattr(x, name) for x in stable if getattr(x, name) is not None])
+        c = p95([getattr(x, name) for x in candidate if getattr(x, name) is not None])
+        if s is not None and c is not None:
+            out[f"{name[:-3]}_p95_ratio"] = c / max(s, MIN_MS)
+    for outcome in ("failed", "timeout"):
+        rate = [sum(x.outcome == outcome for x in arm) / len(arm) if arm else 0.0 for arm in (stable, candidate)]
+        out["error_rate_delta" if outcome == "failed" else "timeout_rate_delta"] = rate[1] - rate[0]
+    return out
+
+
+def judge(rollout: RolloutState, samples: list[Sample], now: datetime, baseline: list[Sample] = ()) -> Verdict:
+    """`baseline`: stable's samples of the step before, compared against where this step
+    sends stable nothing (a share of 100 %)."""
+    g = rollout.guardrails
+    stable = [s for s in samples if s.arm == ARM_STABLE] or [s for s in baseline if s.arm == ARM_STABLE]
+    candidate = [s for s in samples if s.arm == ARM_CANDIDATE]
+    enough = len(stable) >= g.min_samples and len(candidate) >= g.min_samples
+    if enough:
+        got = figures(stable, candidate)
+        for figure, threshold in (("ttft_p95_ratio", g.max_ttft_p95_ratio), ("tpot_p95_ratio", g.max_tpot_p95_ratio),
+                                  ("error_rate_delta", g.max_error_rate_delta),
+                                  ("timeout_rate_delta", g.max_timeout_rate_delta)):
+            if figure in got and got[figure] > threshold:
+                return Verdict("rollback", figure, round(got[figure], 4), threshold,
+                               f"{figure} {got[figure]:.3g} above {threshold:g} over {len(candidate)} candidate and "
+                               f"{len(stable)} stable generations")
+    if rollout.stepped_at is None or (now - rollout.stepped_at).total_seconds() < rollout.step_duration_s:
+        return Verdict("wait")
+    if not enough:
+        return Verdict("pause", detail=f"inconclusive: {len(candidate)} candidate and {len(stable)} stable "
+                                       f"generations in the step, {g.min_samples} needed of each")
+    return Verdict("step" if rollout.next_step is not None else "promote")
