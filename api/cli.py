@@ -29,6 +29,35 @@ def _serve_projector(settings: Settings, args: argparse.Namespace) -> int:
 SERVE_HANDLERS["projector"] = _serve_projector
 
 
+def _serve_rollouts(settings: Settings, _: argparse.Namespace) -> int:
+    """The rollout guardrails (`pipelines.rollout_controller`), until SIGINT or SIGTERM."""
+    from pipelines.bootstrap import Bootstrap
+    from pipelines.outage import exit_on_fatal, is_transient
+    from pipelines.rollout_controller import RolloutController
+
+    platform = Bootstrap(settings)
+    log = platform.event_log()
+    controller = RolloutController(log, platform.registry_view(log))
+    stop = _stop_on_signal()
+    try:
+        while not stop.is_set():
+            try:
+                controller.run_once(0.2)
+            except Exception as exc:  # a log away now may answer next time
+                if not is_transient(exc):
+                    raise
+                stop.wait(1.0)
+    except Exception as exc:
+        return exit_on_fatal("rollouts", exc)
+    finally:
+        controller.close()
+        log.close()
+    return 0
+
+
+SERVE_HANDLERS["rollouts"] = _serve_rollouts
+
+
 def _serve_batch(settings: Settings, args: argparse.Namespace) -> int:
     from api import cli_batch
 

@@ -29,10 +29,15 @@ def _write(view: RegistryView, payload) -> Envelope:
     return env
 
 
-def open_rollout(view: RegistryView, alias: str) -> RolloutState:
+def open_rollout(view: RegistryView, alias: str, expected: tuple[str, int] | None = None) -> RolloutState:
+    """The alias's open rollout; with `expected` (rollout id, step), only while it is still
+    there (a verdict reached on one step is not written onto the next)."""
     rollout = view.refresh().open_rollouts.get(alias)
     if rollout is None:
         raise AdminNotFound(f"alias {alias!r} has no rollout under way")
+    if expected is not None and (rollout.rollout_id, rollout.step) != expected:
+        raise AdminConflict(f"rollout of {alias!r} moved on: it is {rollout.rollout_id} at step {rollout.step}, "
+                            f"not {expected[0]} at step {expected[1]}")
     return rollout
 
 
@@ -64,9 +69,10 @@ def start(view: RegistryView, *, alias: str, candidate_revision: str, actor: str
     return _write(view, payload)
 
 
-def step(view: RegistryView, *, alias: str, actor: str, reason: str = "manual") -> Envelope:
+def step(view: RegistryView, *, alias: str, actor: str, reason: str = "manual",
+         expected: tuple[str, int] | None = None) -> Envelope:
     """The next step of the plan: the candidate's share rises to it (and a pause ends)."""
-    rollout = open_rollout(view, alias)
+    rollout = open_rollout(view, alias, expected)
     following = rollout.next_step
     if following is None:
         raise AdminConflict(f"rollout {rollout.rollout_id} is at its last step "
@@ -75,9 +81,9 @@ def step(view: RegistryView, *, alias: str, actor: str, reason: str = "manual") 
                                        weight_percent=rollout.steps[following], reason=reason, actor=actor))
 
 
-def pause(view: RegistryView, *, alias: str, actor: str, reason: str = "manual", detail: str | None = None
-          ) -> Envelope:
-    rollout = open_rollout(view, alias)
+def pause(view: RegistryView, *, alias: str, actor: str, reason: str = "manual", detail: str | None = None,
+          expected: tuple[str, int] | None = None) -> Envelope:
+    rollout = open_rollout(view, alias, expected)
     if rollout.paused:
         raise AdminConflict(f"rollout {rollout.rollout_id} is already paused ({rollout.paused})")
     return _write(view, RolloutPaused(rollout_id=rollout.rollout_id, reason=reason, detail=detail, actor=actor))
@@ -90,18 +96,19 @@ def resume(view: RegistryView, *, alias: str, actor: str) -> Envelope:
     return _write(view, RolloutResumed(rollout_id=rollout.rollout_id, actor=actor))
 
 
-def promote(view: RegistryView, *, alias: str, actor: str) -> Envelope:
+def promote(view: RegistryView, *, alias: str, actor: str, expected: tuple[str, int] | None = None) -> Envelope:
     """The alias points at the candidate for everyone; the rollout ends."""
-    rollout = open_rollout(view, alias)
+    rollout = open_rollout(view, alias, expected)
     if view.registry.pinnable(rollout.candidate_revision) is None:
         raise AdminConflict(f"candidate {rollout.candidate_revision!r} is retired: roll the rollout back")
     return _write(view, RolloutPromoted(rollout_id=rollout.rollout_id, actor=actor))
 
 
 def rollback(view: RegistryView, *, alias: str, actor: str, reason: str = "manual", figure: str | None = None,
-             value: float | None = None, threshold: float | None = None) -> Envelope:
+             value: float | None = None, threshold: float | None = None,
+             expected: tuple[str, int] | None = None) -> Envelope:
     """No new request goes to the candidate; what runs on it finishes."""
-    rollout = open_rollout(view, alias)
+    rollout = open_rollout(view, alias, expected)
     return _write(view, RolloutRolledBack(rollout_id=rollout.rollout_id, reason=reason, figure=figure, value=value,
                                           threshold=threshold, actor=actor))
 

@@ -63,3 +63,67 @@ def test_a_canary_routes_each_user_stickily_steps_up_monotonically_and_rolls_bac
         assert ops.post(f"/v1/admin/revisions/{stable.revision}/drain").status_code == 409, \
             "the alias would have nowhere to go"
         assert ops.post(f"/v1/admin/rollouts/{alias}-{uuid.uuid4().hex[:4]}/promote").status_code == 404
+
+
+def test_a_slow_candidate_is_rolled_back_by_its_guardrails_and_thin_traffic_pauses_inconclusive(platform):
+    from pipelines.admin import RegistryView
+    from pipelines.rollout_controller import RolloutController
+    from tests.harness import Loop
+    from tests.helpers import wait_until
+
+    _, operator = platform.tenant(scopes=("admin",))
+    _, secret = platform.tenant()
+    log = platform.open_log()
+    view = RegistryView(log)
+    controller = RolloutController(log, view, every_s=0.2)
+    loop = Loop("rollouts", lambda: controller.run_once(0.05), controller.close).start()
+    min_samples = 10
+    try:
+        with pool_of(platform, workers=1, pause_s=0.002, name="stable") as stable, \
+                pool_of(platform, workers=1, pause_s=0.05, name="slow") as slow, \
+                platform.client(operator) as ops, platform.client(secret) as client, ThreadPoolExecutor(4) as pool:
+            alias = stable.alias
+
+            def send(user: str) -> str:
+                r = client.post("/v1/generations", json={"model_alias": alias, "input": "hi", "max_output_tokens": 5,
+                                                         "ignore_eos": True, "stream": False, "user": user})
+                assert r.status_code == 200 and r.json()["type"] == "completed", r.text
+                return r.json()["model_revision"]
+
+            started = ops.post("/v1/admin/rollouts", json={
+                "alias": alias, "candidate_revision": slow.revision, "steps": [50, 100], "step_duration_s": 600,
+                "guardrails": {"min_samples": min_samples}})
+            assert started.status_code == 201, started.text
+            rollout_id = started.json()["rollout_id"]
+            served: list[str] = []
+            for batch in range(12):  # until the guardrail acts; 48 users' requests at most
+                served += pool.map(send, [f"u-{batch}-{i}" for i in range(4)])
+                if view.refresh().rollouts[rollout_id].outcome != "open":
+                    break
+            ended = wait_until(lambda: (r := view.refresh().rollouts[rollout_id]).outcome != "open" and r, 30,
+                               what="the guardrail to act")
+            assert ended.outcome == "rolled_back", ended.history
+            last = ended.history[-1]
+            assert (last["reason"], last["figure"], last["threshold"]) == ("guardrail", "tpot_p95_ratio", 1.5), last
+            assert last["actor"] == "rollout-analysis" and last["value"] > 1.5
+            # Judged once both arms had `min_samples`; beyond them, only what was sent while the
+            # verdict was reached and read (a few batches of 4, half of them the candidate's).
+            on_candidate = served.count(slow.revision)
+            assert min_samples <= on_candidate <= min_samples + 12, (on_candidate, len(served))
+            assert set(pool.map(send, [f"after-{i}" for i in range(16)])) == {stable.revision}
+
+            thin = ops.post("/v1/admin/rollouts", json={
+                "alias": alias, "candidate_revision": slow.revision, "steps": [50, 100], "step_duration_s": 2,
+                "guardrails": {"min_samples": 50}})
+            assert thin.status_code == 201, thin.text
+            list(pool.map(send, [f"thin-{i}" for i in range(6)]))
+            paused = wait_until(lambda: (r := view.refresh().open_rollouts.get(alias)) and r.paused and r, 30,
+                                what="the thin step to pause")
+            assert paused.paused == "inconclusive" and paused.weight_percent == 50.0 and paused.step == 0
+            assert ops.get(f"/v1/admin/rollouts/{alias}").json()["status"] == "paused: inconclusive"
+            assert ops.post(f"/v1/admin/rollouts/{alias}/rollback").status_code == 200
+    finally:
+        loop.halt()
+        view.close()
+        log.close()
+        assert loop.error is None, loop.error
