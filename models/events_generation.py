@@ -19,6 +19,7 @@ RejectReason = Literal[
     "rate", "concurrency", "tokens", "spend", "input_too_large", "output_too_large",
     "deadline", "unknown_model", "tenant_disabled", "model_retired", "priority_not_allowed",
     "shed", "no_capacity",  # the live fleet's, not the tenant's: load shed, no worker serves it
+    "shadow_dropped",  # a shadow rollout's copy, for which the candidate had no free slot
 ]
 
 
@@ -75,6 +76,9 @@ class GenerationRequested(Payload):
     # 'candidate'); absent (and left out of the bytes) when the alias had none open.
     rollout_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
     rollout_arm: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # A shadow copy (tenant `models.rollout.SHADOW_TENANT`) of the request named here, for a
+    # shadow rollout's candidate: dropped rather than queued, its answer seen by nobody.
+    shadow_of: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # Output tokens the API had sent its client when it went away (reason `client_gone`): the

@@ -17,6 +17,9 @@ from datetime import datetime
 from models.events_rollout import Guardrails, RolloutMode
 
 ARM_STABLE, ARM_CANDIDATE = "stable", "candidate"
+# The platform account shadow copies run under: their usage and cost are never a tenant's.
+# Not a valid tenant id (tenants start with a letter or digit), so no tenant can be it.
+SHADOW_TENANT = "_shadow"
 
 
 def stickiness_key(tenant_id: str, application_id: str, user: str | None = None) -> str:

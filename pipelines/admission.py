@@ -47,6 +47,7 @@ from models.events_generation import (
 from models.quota import Ask, Reject, decide
 from models.registry import Registry, Revision
 from models.reservations import Reservation, ReservationBook
+from models.rollout import SHADOW_TENANT
 from models.topics import Topic
 from pipelines.capacity import CapacityBook, Floors, QueueBound, ServiceEstimate, key_of
 from pipelines.catch_up import CatchUp
@@ -96,7 +97,8 @@ def handle_requested(
     req: GenerationRequested = env.payload
     if book.decided(req.request_id):
         return []  # the same request delivered twice is decided once
-    if env.tenant_id not in registry.tenants:
+    shadow = req.shadow_of is not None and env.tenant_id == SHADOW_TENANT
+    if env.tenant_id not in registry.tenants and not shadow:
         return reject(env, Reject("tenant_disabled", "this tenant does not exist"), book=book, now=now)
     if env.tenant_id in registry.suspended:
         return reject(env, Reject("tenant_disabled", "this tenant is suspended"), book=book, now=now)
@@ -118,6 +120,11 @@ def handle_requested(
     decision = decide(ask, book.usage_of(env.tenant_id), limits, now)
     if isinstance(decision, Reject):
         return reject(env, decision, book=book, now=now)
+    if shadow and (capacity is None or not capacity.free_now(key_of(limits.pool, req.model_revision),
+                                                             asked_at=env.occurred_at)):
+        # A shadow copy runs only on a slot free now: it never queues ahead of real work.
+        return reject(env, Reject("shadow_dropped", "the candidate has no free slot for a shadow copy"),
+                      book=book, now=now)
     if capacity is not None and (refused := capacity.check(req, pool=limits.pool, asked_at=env.occurred_at,
                                                              now=max(now, queued_at or now))) is not None:
         return reject(env, refused, book=book, now=now)

@@ -324,6 +324,13 @@ class CapacityBook:
         queued, high = self._counts.get(key, (0, 0))
         return Outlook(key, capacity, queued, high, self.rates_of(key))
 
+    def free_now(self, key: Key, *, asked_at: datetime) -> bool:
+        """Whether a slot of (pool, revision) is free for one more request at once: live
+        slots not running, less what this processor has queued there."""
+        outlook = self.outlook(key, asked_at=asked_at)
+        cap = outlook.capacity
+        return cap is not None and cap.max_seqs - cap.running - outlook.queued > 0
+
     def _served_lately(self, key: Key) -> bool:
         signs = [w.left_at or w.last_seen for w in self.source.all() if (w.pool, w.model_revision) == key]
         return self._clock() - max(signs + [self._since]) < self._hold

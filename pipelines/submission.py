@@ -3,6 +3,7 @@ text-free request to the durable requests topic, which references it. A client's
 goes to the requests topic too."""
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
@@ -13,7 +14,7 @@ from models.events import new_event
 from models.digests import TenantDigests
 from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling
 from models.registry import Principal, Registry
-from models.rollout import ARM_CANDIDATE, ARM_STABLE, stickiness_key
+from models.rollout import ARM_CANDIDATE, ARM_STABLE, SHADOW_TENANT, stickiness_key
 from pipelines.eventlog import EventLog
 from pipelines.routing import partition_of, publish
 from pipelines.tokencount import TokenCounter, TokenizerUnavailable
@@ -33,6 +34,8 @@ class Fleet(Protocol):
     def serves_soon(self, pool: str, revision: str) -> bool:
         """Whether a live worker of `pool` serves `revision` (`pipelines.fleet.FleetView`)."""
 
+
+logger = logging.getLogger(__name__)
 
 # How soon a client refused for want of a worker may try again: about a worker's start.
 NO_CAPACITY_RETRY_S = 5
@@ -137,8 +140,38 @@ def submit_generation(
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])
+    rollout = registry.open_rollouts.get(cmd.model_alias) if route is not None and route.rollout_id else None
+    if rollout is not None and rollout.mirrors(stickiness_key(principal.tenant_id, principal.application_id,
+                                                              cmd.user)):
+        _mirror(request, rollout, prompt=prompt, registry=registry, log=log, counter=counter, fleet=fleet)
     return Submitted(request=request, tenant_id=principal.tenant_id, stream_partition=stream_partition,
                      request_offset=request_record.offset)
+
+
+def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Registry, log: EventLog,
+            counter: TokenCounter, fleet: Fleet | None) -> str | None:
+    """A shadow copy of `request` for the rollout's candidate, under the platform's shadow
+    account; returns its id. Never the client's concern: a copy that cannot be made (no
+    worker of the candidate, a tokenizer, the log) is left out, and admission drops one the
+    candidate has no free slot for (`pipelines.admission`)."""
+    candidate = registry.pinnable(rollout.candidate_revision)
+    if candidate is None or (fleet is not None and not fleet.serves_soon(topics.SHARED_POOL, candidate.model_revision)):
+        return None
+    shadow_id = f"{request.request_id}.shadow"
+    try:
+        input_tokens = counter.count(candidate.model_path, prompt)
+        if input_tokens + request.max_output_tokens > candidate.max_model_len:
+            return None
+        shadow = request.model_copy(update=dict(
+            request_id=shadow_id, key_id=None, model_revision=candidate.model_revision, input_tokens=input_tokens,
+            stream_offset=log.end_offset(topics.STREAM.name, partition_of(log, topics.STREAM, shadow_id)),
+            idempotency_key_sha256=None, request_sha256=None, rollout_arm=ARM_CANDIDATE,
+            shadow_of=request.request_id))
+        publish(log, topics.REQUESTS, [new_event(shadow, tenant_id=SHADOW_TENANT, correlation_id=shadow_id)])
+    except Exception:  # noqa: BLE001 - the copy is best effort; the client's request stands
+        logger.warning("no shadow copy of %s for %s", request.request_id, rollout.rollout_id, exc_info=True)
+        return None
+    return shadow_id
 
 
 def _room_for_output(registry: Registry, tenant_id: str, revision, input_tokens: int) -> int:

@@ -248,3 +248,56 @@ def test_the_cli_starts_steps_shows_and_rolls_back_a_rollout_as_json_lines(tmp_p
     assert ended["history"][-1]["reason"] == "latency"
     code, _, err = cli("route", "drain", REV)
     assert code == 2 and "nowhere else to go" in err
+
+
+def test_a_shadow_rollout_serves_stable_and_copies_a_share_to_the_candidate_on_the_platform_s_account(view):
+    from models import topics
+    from models.events import decode
+    from models.registry import Principal
+    from models.rollout import SHADOW_TENANT
+    from models.reservations import ReservationBook
+    from pipelines.admission import handle_requested
+    from pipelines.submission import SubmitGeneration, submit_generation
+
+    rollouts.start(view, alias="tiny", candidate_revision=CANDIDATE, actor="ops", mode="shadow", steps=(50.0, 100.0),
+                   rollout_id="ro_shadow")
+    registry = view.refresh()
+    principal = Principal("acme", "default", "key_1", frozenset({"generate"}))
+    users = [f"u-{i}" for i in range(40)]
+    primaries = [submit_generation(SubmitGeneration(request_id=None, model_alias="tiny", prompt="hi",
+                                                    max_output_tokens=4, deadline_ms=None, user=u),
+                                   principal=principal, registry=registry, log=view._log, counter=Counting(),
+                                   default_deadline_ms=1000, fleet=Serving({REV, CANDIDATE})).request for u in users]
+    assert {(r.model_revision, r.rollout_arm) for r in primaries} == {(REV, ARM_STABLE)}, "clients get stable"
+    requested = [decode(rec.value) for rec in view._log.read_topic(topics.REQUESTS.name)]
+    shadows = [env for env in requested if env.payload.shadow_of is not None]
+    mirrored = {r.request_id for u, r in zip(users, primaries)
+                if registry.open_rollouts["tiny"].mirrors(stickiness_key("acme", "default", u))}
+    assert 0 < len(mirrored) < len(users)
+    assert {env.payload.shadow_of for env in shadows} == mirrored
+    assert {(env.tenant_id, env.payload.model_revision, env.payload.rollout_arm) for env in shadows} == \
+        {(SHADOW_TENANT, CANDIDATE, ARM_CANDIDATE)}
+
+    class Free:
+        def __init__(self, free):
+            self.free = free
+
+        def free_now(self, key, *, asked_at):
+            return self.free
+
+        def check(self, req, *, pool, asked_at, now):
+            return None
+
+    book = ReservationBook()
+    busy = handle_requested(shadows[0], registry=registry, book=book, now=T0, grace=timedelta(seconds=5),
+                            capacity=Free(False))
+    assert {env.payload.reason for _, env in busy if env.event_type == "GenerationRejected"} == {"shadow_dropped"}
+    assert "BudgetReserved" not in [env.event_type for _, env in busy], "dropped, never queued"
+    ran = handle_requested(shadows[1], registry=registry, book=book, now=T0, grace=timedelta(seconds=5),
+                           capacity=Free(True))
+    assert [topic.name for topic, _ in ran][-1] == topics.work_topic(None, "normal", CANDIDATE).name
+    assert set(book.usage) == {SHADOW_TENANT}, "the copy's reservation is the platform account's, not the tenant's"
+    client_copy = next(env for env in requested if env.correlation_id == primaries[0].request_id)
+    assert handle_requested(client_copy, registry=registry, book=book, now=T0, grace=timedelta(seconds=5),
+                            capacity=Free(False))[0][1].event_type == "BudgetReserved", \
+        "a tenant's request is never dropped for want of a free slot"
