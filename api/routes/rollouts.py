@@ -13,7 +13,9 @@ from api.admin_access import OperatorDep
 from api.deps import ServicesDep
 from api.errors import ApiError
 from api.routes.admin import run
+from api.routes.usage import ProjectionDbDep
 from pipelines import rollouts
+from pipelines.projections.queries import rollout_history
 
 router = APIRouter(prefix="/v1/admin")
 
@@ -61,6 +63,15 @@ def list_rollouts(actor: OperatorDep, svc: ServicesDep, alias: str | None = None
     shown = registry.rollouts.values() if ended else registry.open_rollouts.values()
     return {"data": [rollouts.describe(r) for r in sorted(shown, key=lambda r: r.started_at)
                      if alias is None or r.alias == alias]}
+
+
+@router.get("/rollouts/history/{rollout_id}")
+def get_rollout_history(rollout_id: str, actor: OperatorDep, db: ProjectionDbDep):
+    """A rollout's events as projected to SQL (the projector's pace behind the log)."""
+    events = rollout_history(db, rollout_id)
+    if not events:
+        raise ApiError(404, f"no rollout {rollout_id!r} is projected", code="not_found")
+    return {"rollout_id": rollout_id, "data": events}
 
 
 @router.get("/rollouts/{alias}")

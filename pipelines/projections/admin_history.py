@@ -14,7 +14,8 @@ from models.tables import admin_changes
 from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import insert_new
 
-SUBJECT_FIELDS = ("key_id", "alias", "model_revision", "batch_id", "tenant_id")
+# A rollout's events are its own subject (one rollout's history is one subject's rows).
+SUBJECT_FIELDS = ("rollout_id", "key_id", "alias", "model_revision", "batch_id", "tenant_id")
 LEFT_OUT = frozenset({"actor", "secret_sha256"})
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, and_, case, func, select, tuple_
 
 from models.quota import Limits
-from models.tables import audit_trail, batch_chunks, batches, generations, open_reservations, quota_usage, \
+from models.tables import admin_changes, audit_trail, batch_chunks, batches, generations, open_reservations, quota_usage, \
     tenant_limits, usage_ledger
 from pipelines.projections.generations import utc
 from pipelines.projections.quotas import LIMIT_FIELDS
@@ -210,3 +210,21 @@ def audit_events(db: Engine | Connection, *, tenant_id: str | None, since: datet
     more = len(rows) > limit
     last = rows[limit - 1] if more else None
     return page, ((utc(last.occurred_at), last.topic, last.partition, last.offset) if last is not None else None)
+
+
+ROLLOUT_EVENTS = ("RolloutStarted", "RolloutStepped", "RolloutPaused", "RolloutResumed", "RolloutPromoted",
+                  "RolloutRolledBack")
+
+
+def rollout_history(db: Engine | Connection, rollout_id: str) -> list[dict[str, Any]]:
+    """A rollout's events as projected, in log order (drains, which name a revision, not a
+    rollout, are the revision's rows)."""
+    import json
+
+    query = (select(admin_changes.c.offset, admin_changes.c.event_type, admin_changes.c.occurred_at,
+                    admin_changes.c.actor, admin_changes.c.details)
+             .where(admin_changes.c.subject == rollout_id, admin_changes.c.event_type.in_(ROLLOUT_EVENTS))
+             .order_by(admin_changes.c.offset))
+    with _conn(db) as conn:
+        return [{"offset": row.offset, "event_type": row.event_type, "occurred_at": _iso(row.occurred_at),
+                 "actor": row.actor, "details": json.loads(row.details)} for row in conn.execute(query)]
