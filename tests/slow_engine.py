@@ -1,6 +1,7 @@
 """An engine of known speed for processes a test launches (`LEDGERLM_ENGINE_FACTORY=
 tests.slow_engine:SlowEngine.from_settings`): one token every `LEDGERLM_TEST_TOKEN_PAUSE_S`
-(0.1 s by default), as many as asked, no model loaded."""
+(0.1 s by default), as many as asked, no model loaded. `LEDGERLM_TEST_ENGINE_HASH` names its
+config hash (a second revision of the same engine, for a rollout's candidate)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,13 +11,14 @@ from workers.engine import EngineDelta, EngineRequest, InferenceEngine
 
 
 class SlowEngine(InferenceEngine):
-    def __init__(self, pause_s: float = 0.1):
-        self.pause_s = pause_s
+    def __init__(self, pause_s: float = 0.1, config_hash: str = "slow-engine"):
+        self.pause_s, self._hash = pause_s, config_hash
         self._aborted: set[str] = set()
 
     @classmethod
     def from_settings(cls, settings) -> "SlowEngine":
-        return cls(float(os.environ.get("LEDGERLM_TEST_TOKEN_PAUSE_S", "0.1")))
+        return cls(float(os.environ.get("LEDGERLM_TEST_TOKEN_PAUSE_S", "0.1")),
+                   os.environ.get("LEDGERLM_TEST_ENGINE_HASH", "slow-engine"))
 
     async def generate(self, request: EngineRequest):
         for made in range(1, request.max_output_tokens + 1):
@@ -37,7 +39,7 @@ class SlowEngine(InferenceEngine):
         return len(text.split())
 
     def engine_config_hash(self) -> str:
-        return "slow-engine"
+        return self._hash
 
     def close(self) -> None:
         pass
