@@ -115,6 +115,14 @@ def add_admin_parser(sub) -> None:
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     from pipelines import admin
+
+    return print_admin_lines(settings, lambda view, actor: _run(admin, view, args, actor))
+
+
+def print_admin_lines(settings: Settings, lines) -> int:
+    """Prints as JSON lines what `lines(view, actor)` yields over the registry view of the
+    configured log; an admin command's refusal is an error line and exit status 2."""
+    from pipelines.admin import AdminError
     from pipelines.bootstrap import Bootstrap
 
     actor = os.environ.get("USER", "cli")
@@ -122,9 +130,9 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     with platform.event_log() as log:
         view = platform.registry_view(log)
         try:
-            for line in _run(admin, view, args, actor):
+            for line in lines(view, actor):
                 print(json.dumps(line))
-        except admin.AdminError as exc:
+        except AdminError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 0

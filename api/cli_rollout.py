@@ -10,9 +10,6 @@ by admin events (`pipelines.rollouts`), printed as JSON lines.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 
 from models.settings import Settings
 
@@ -55,21 +52,10 @@ def register(verbs) -> dict:
 
 
 def _run(settings: Settings, args: argparse.Namespace) -> int:
+    from api.cli_admin import print_admin_lines
     from pipelines import rollouts
-    from pipelines.admin import AdminError
-    from pipelines.bootstrap import Bootstrap
 
-    actor = os.environ.get("USER", "cli")
-    platform = Bootstrap(settings)
-    with platform.event_log() as log:
-        view = platform.registry_view(log)
-        try:
-            for line in _lines(rollouts, view, args, actor):
-                print(json.dumps(line))
-        except AdminError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    return 0
+    return print_admin_lines(settings, lambda view, actor: _lines(rollouts, view, args, actor))
 
 
 def _lines(rollouts, view, args, actor: str):
