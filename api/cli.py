@@ -4,6 +4,7 @@ separate entrypoint, so this module never imports the engine."""
 from __future__ import annotations
 
 import argparse
+import json
 import importlib
 import logging
 import os
@@ -39,6 +40,7 @@ def _serve_rollouts(settings: Settings, _: argparse.Namespace) -> int:
     log = platform.event_log()
     controller = RolloutController(log, platform.registry_view(log))
     stop = _stop_on_signal()
+    print(json.dumps({"rollouts": "ready"}), flush=True)
     try:
         while not stop.is_set():
             try:

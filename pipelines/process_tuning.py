@@ -14,7 +14,7 @@ from models.settings import Settings, format_cpu_list
 # engine's processes inherit where it runs and must start with every CPU, to bind their
 # compute threads where they choose; it places itself beside them later.
 PLACED_AT_START = {"api": True, "admission": True, "projector": True, "batch-dispatcher": True,
-                   "batch-worker": True, "worker": False}
+                   "batch-worker": True, "rollouts": True, "worker": False}
 
 
 def tune_process(settings: Settings, role: str) -> None:
