@@ -35,10 +35,12 @@ def _serve_rollouts(settings: Settings, _: argparse.Namespace) -> int:
     from pipelines.bootstrap import Bootstrap
     from pipelines.outage import exit_on_fatal, is_transient
     from pipelines.rollout_controller import RolloutController
+    from pipelines.similarity import Embedder, model_dir
 
     platform = Bootstrap(settings)
     log = platform.event_log()
-    controller = RolloutController(log, platform.registry_view(log))
+    controller = RolloutController(log, platform.registry_view(log),
+                                   embedder=Embedder(model_dir(settings.home)))
     stop = _stop_on_signal()
     print(json.dumps({"rollouts": "ready"}), flush=True)
     try:

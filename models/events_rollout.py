@@ -25,6 +25,9 @@ class Guardrails(Payload):
     max_tpot_p95_ratio: float = Field(default=1.5, gt=0)
     max_error_rate_delta: float = Field(default=0.05, ge=0, le=1)  # candidate rate - stable rate
     max_timeout_rate_delta: float = Field(default=0.05, ge=0, le=1)
+    # Shadow rollouts: the median text similarity of candidate to stable answers a step must
+    # reach (`ShadowCompared`); absent, similarity is recorded but gates nothing.
+    min_median_similarity: float | None = Field(default=None, ge=-1, le=1, exclude_if=lambda v: v is None)
 
 
 @event("RolloutStarted")
@@ -107,3 +110,19 @@ class RevisionDrained(Payload):
 
     model_revision: str
     actor: str
+
+
+@event("ShadowCompared")
+class ShadowCompared(Payload):
+    """A shadow copy's answer against the stable answer its client got (the outcomes topic,
+    under the shadow account): how alike the texts are (cosine of MiniLM embeddings; None
+    when no embedder ran) and what the candidate took and made, as deltas to stable."""
+
+    rollout_id: str
+    request_id: str  # the client's, served by stable
+    shadow_request_id: str
+    similarity: float | None = None
+    stable_output_tokens: int = Field(ge=0)
+    candidate_output_tokens: int = Field(ge=0)
+    ttft_delta_ms: int | None = None  # candidate less stable
+    duration_delta_ms: int | None = None

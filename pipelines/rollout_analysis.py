@@ -11,6 +11,7 @@ log reaches the same verdicts.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -75,13 +76,24 @@ def figures(stable: list[Sample], candidate: list[Sample]) -> dict[str, float]:
     return out
 
 
-def judge(rollout: RolloutState, samples: list[Sample], now: datetime, baseline: list[Sample] = ()) -> Verdict:
+def judge(rollout: RolloutState, samples: list[Sample], now: datetime, baseline: list[Sample] = (),
+          similarities: list[float] = ()) -> Verdict:
     """`baseline`: stable's samples of the step before, compared against where this step
-    sends stable nothing (a share of 100 %)."""
+    sends stable nothing (a share of 100 %). `similarities`: the step's shadow pairs'
+    (`ShadowCompared`), gating a shadow rollout whose guardrails set a median bar."""
     g = rollout.guardrails
     stable = [s for s in samples if s.arm == ARM_STABLE] or [s for s in baseline if s.arm == ARM_STABLE]
     candidate = [s for s in samples if s.arm == ARM_CANDIDATE]
     enough = len(stable) >= g.min_samples and len(candidate) >= g.min_samples
+    gated = g.min_median_similarity is not None and rollout.mode == "shadow"
+    if gated and len(similarities) >= g.min_samples:
+        median = statistics.median(similarities)
+        if median < g.min_median_similarity:
+            return Verdict("rollback", "median_similarity", round(median, 4), g.min_median_similarity,
+                           f"median similarity {median:.3f} below {g.min_median_similarity:g} over "
+                           f"{len(similarities)} shadow pairs")
+    elif gated:
+        enough = False  # no verdict on the answers yet
     if enough:
         got = figures(stable, candidate)
         for figure, threshold in (("ttft_p95_ratio", g.max_ttft_p95_ratio), ("tpot_p95_ratio", g.max_tpot_p95_ratio),
@@ -94,6 +106,7 @@ def judge(rollout: RolloutState, samples: list[Sample], now: datetime, baseline:
     if rollout.stepped_at is None or (now - rollout.stepped_at).total_seconds() < rollout.step_duration_s:
         return Verdict("wait")
     if not enough:
+        pairs = f", {len(similarities)} compared pairs" if gated else ""
         return Verdict("pause", detail=f"inconclusive: {len(candidate)} candidate and {len(stable)} stable "
-                                       f"generations in the step, {g.min_samples} needed of each")
+                                       f"generations in the step{pairs}, {g.min_samples} needed of each")
     return Verdict("step" if rollout.next_step is not None else "promote")

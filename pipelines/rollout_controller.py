@@ -16,24 +16,37 @@ from datetime import datetime, timedelta
 
 from models import topics
 from models.events import EventDecodeError, decode
-from models.events_generation import GenerationRequested
-from models.rollout import ARM_STABLE, RolloutState
+from models.events import new_event
+from models.events_generation import (
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRequested, TokensEmitted,
+)
+from models.events_rollout import ShadowCompared
+from models.rollout import ARM_STABLE, SHADOW_TENANT, RolloutState
 from pipelines import rollouts
 from pipelines.admin import AdminError, RegistryView
-from pipelines.eventlog import EventLog
+from pipelines.eventlog import EventLog, partition_for
 from pipelines.fleet import wall_clock
 from pipelines.rollout_analysis import Sample, Verdict, judge, sample_of
+from pipelines.routing import publish
 
 logger = logging.getLogger(__name__)
 ACTOR = "rollout-analysis"
 LOOK_BACK = timedelta(minutes=10)  # read back on start: requests of a step begun before
-MAX_PENDING = 100_000  # requests followed to their end at once; the oldest are dropped beyond
+# Requests followed to their end at once; the oldest are dropped beyond (a request refused
+# at admission, a dropped shadow copy among them, ends on the ledger, which this does not read).
+MAX_PENDING = 100_000
 BASELINE = 500  # stable samples of earlier steps kept per rollout, for a step that sends stable none
+MAX_STREAM_PAGES = 40  # pages of 500 stream records read at most for one shadow pair's text
+TERMINAL_TYPES = frozenset({t.event_type for t in (GenerationCompleted, GenerationFailed, GenerationCancelled)})
 
 
 class RolloutController:
-    def __init__(self, log: EventLog, view: RegistryView, *, clock=wall_clock, every_s: float = 0.5):
+    def __init__(self, log: EventLog, view: RegistryView, *, clock=wall_clock, every_s: float = 0.5,
+                 embedder=None):
+        """`embedder`: compares a shadow copy's text with stable's (`pipelines.similarity`);
+        None records the pairs' lengths and latencies without a similarity."""
         self._log, self._view, self._clock, self._every_s = log, view, clock, every_s
+        self._embedder = embedder
         since_ms = int((clock() - LOOK_BACK).timestamp() * 1000)
         self._tails = []
         for topic in (topics.REQUESTS, topics.OUTCOMES):
@@ -42,6 +55,14 @@ class RolloutController:
             self._tails.append(tail)
         self._pending: dict[str, tuple[str, str, datetime]] = {}  # request -> (rollout, arm, requested at)
         self._samples: dict[str, list[tuple[datetime, Sample]]] = defaultdict(list)
+        # Shadow pairs: each request's stream start, the copy of each client request, the
+        # ends read so far; the similarities of compared pairs per rollout.
+        self._streams: dict[str, tuple[int, int]] = {}
+        self._copy_of: dict[str, str] = {}  # client request -> its shadow copy
+        self._primary_of: dict[str, str] = {}  # shadow copy -> its client request
+        self._ends: dict[str, object] = {}
+        self._similarities: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+        self.compared: list[ShadowCompared] = []
         self._next_judgement = 0.0
         self.verdicts: list[tuple[str, Verdict]] = []  # what it acted on: (rollout id, verdict)
 
@@ -66,8 +87,15 @@ class RolloutController:
         p = env.payload
         if isinstance(p, GenerationRequested) and p.rollout_id in registry.rollouts and p.rollout_arm:
             if len(self._pending) >= MAX_PENDING:
-                self._pending.pop(next(iter(self._pending)))
+                dropped = next(iter(self._pending))
+                self._pending.pop(dropped)
+                self._forget(dropped)
             self._pending[p.request_id] = (p.rollout_id, p.rollout_arm, env.occurred_at)
+            if registry.rollouts[p.rollout_id].mode == "shadow":
+                self._streams[p.request_id] = (partition_for(p.request_id, self._stream_partitions()), p.stream_offset)
+                if p.shadow_of is not None:
+                    self._copy_of[p.shadow_of] = p.request_id
+                    self._primary_of[p.request_id] = p.shadow_of
 
     def _terminal(self, value: bytes) -> None:
         try:
@@ -83,6 +111,70 @@ class RolloutController:
             del self._pending[env.correlation_id]
         if sample is not None:
             self._samples[rollout_id].append((requested_at, sample))
+        if env.correlation_id in self._streams and env.event_type in TERMINAL_TYPES:
+            self._ends[env.correlation_id] = env.payload
+            self._pair(env.correlation_id, rollout_id, requested_at)
+
+    def _stream_partitions(self) -> int:
+        if not hasattr(self, "_stream_count"):
+            self._stream_count = self._log.partitions(topics.STREAM.name)
+        return self._stream_count
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._ends.pop(request_id, None)
+        self._primary_of.pop(self._copy_of.pop(request_id, ""), None)
+        self._copy_of.pop(self._primary_of.pop(request_id, ""), None)
+
+    def _pair(self, request_id: str, rollout_id: str, requested_at: datetime) -> None:
+        """Once both ends of a shadow pair are read: compares them, records `ShadowCompared`."""
+        primary = self._primary_of.get(request_id, request_id)
+        copy = self._copy_of.get(primary)
+        if copy is None or primary not in self._ends or copy not in self._ends:
+            return
+        stable, candidate = self._ends[primary], self._ends[copy]
+        where = {r: self._streams.get(r) for r in (primary, copy)}
+        for done in (primary, copy):
+            self._forget(done)
+        if not (isinstance(stable, GenerationCompleted) and isinstance(candidate, GenerationCompleted)):
+            return  # a failed copy counts as the candidate's failure; nothing to compare
+        similarity = None
+        if self._embedder is not None:
+            texts = [self._text(r, *where[r]) for r in (primary, copy) if where[r] is not None]
+            if len(texts) == 2 and None not in texts:
+                similarity = round(self._embedder.similarity(*texts), 4)
+        st, ct = stable.timings, candidate.timings
+        compared = ShadowCompared(
+            rollout_id=rollout_id, request_id=primary, shadow_request_id=copy, similarity=similarity,
+            stable_output_tokens=stable.output_tokens, candidate_output_tokens=candidate.output_tokens,
+            ttft_delta_ms=None if st.ttft_ms is None or ct.ttft_ms is None else ct.ttft_ms - st.ttft_ms,
+            duration_delta_ms=ct.duration_ms - st.duration_ms)
+        publish(self._log, topics.OUTCOMES, [new_event(compared, tenant_id=SHADOW_TENANT, correlation_id=copy)])
+        self.compared.append(compared)
+        if similarity is not None:
+            self._similarities[rollout_id].append((requested_at, similarity))
+
+    def _text(self, request_id: str, partition: int, offset: int) -> str | None:
+        """The request's output, read from its stream partition from where its stream began
+        up to its end; None when that is not all on the log yet, or too far to read."""
+        parts, position = [], offset
+        for _ in range(MAX_STREAM_PAGES):
+            records = self._log.read(topics.STREAM.name, partition, position, max_records=500, timeout_s=0)
+            if not records:
+                return None
+            for record in records:
+                position = record.offset + 1
+                try:
+                    env = decode(record.value)
+                except EventDecodeError:
+                    continue
+                if env.correlation_id != request_id:
+                    continue
+                if isinstance(env.payload, TokensEmitted):
+                    parts.append(env.payload.text)
+                elif env.event_type in TERMINAL_TYPES:
+                    return "".join(parts)
+        return None
 
     def _judge(self, rollout: RolloutState) -> None:
         kept = self._samples.get(rollout.rollout_id, [])
@@ -91,7 +183,9 @@ class RolloutController:
         baseline = [s for at, s in kept if at < since and s.arm == ARM_STABLE][-BASELINE:]
         self._samples[rollout.rollout_id] = [(at, s) for at, s in kept if at >= since] + \
             [(since - timedelta(microseconds=1), s) for s in baseline]
-        verdict = judge(rollout, step, self._clock(), baseline)
+        similar = self._similarities.get(rollout.rollout_id, [])
+        self._similarities[rollout.rollout_id] = [(at, x) for at, x in similar if at >= since]
+        verdict = judge(rollout, step, self._clock(), baseline, [x for at, x in similar if at >= since])
         if verdict.action == "wait":
             return
         alias, expected = rollout.alias, (rollout.rollout_id, rollout.step)

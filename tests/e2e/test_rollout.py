@@ -132,10 +132,16 @@ def test_a_slow_candidate_is_rolled_back_by_its_guardrails_and_thin_traffic_paus
 
 
 def test_a_shadow_rollout_answers_from_stable_and_bills_the_copies_to_the_platform(platform):
+    from models import topics
     from models.rollout import SHADOW_TENANT
-    from tests.fleet_pool import ledger_kinds, outcomes_by_request
+    from pipelines.admin import RegistryView
+    from pipelines.rollout_controller import RolloutController
+    from pipelines.similarity import Embedder, model_dir
+    from tests.fleet_pool import ledger_kinds, of_tenant, outcomes_by_request
     from tests.helpers import wait_until
 
+    log = platform.open_log()
+    view = RegistryView(log)
     _, operator = platform.tenant(scopes=("admin",))
     tenant_id, secret = platform.tenant()
     with pool_of(platform, workers=1, pause_s=0.002, name="stable") as stable, \
@@ -165,4 +171,19 @@ def test_a_shadow_rollout_answers_from_stable_and_bills_the_copies_to_the_platfo
         platform_account = wait_until(lambda: (k := ledger_kinds(platform, SHADOW_TENANT)) and all(
             "UsageSettled" in k.get(c, []) for c in copies) and k, 60, what="the copies settled")
         assert copies <= set(platform_account)
+
+        # The guardrails compare each pair: the same engine, so the same text.
+        controller = RolloutController(log, view, every_s=0.2, embedder=Embedder(model_dir(platform.settings.home)))
+        try:
+            compared = wait_until(lambda: (controller.run_once(0.05), len(controller.compared) >= len(ids))[1]
+                                  and controller.compared, 60, what="every shadow pair compared")
+        finally:
+            controller.close()
+        assert {c.shadow_request_id for c in compared} == copies and {c.similarity for c in compared} == {1.0}
+        assert all(c.stable_output_tokens == c.candidate_output_tokens == 3 for c in compared)
+        on_log = {env.correlation_id for env in of_tenant(platform, topics.OUTCOMES.name, SHADOW_TENANT)
+                  if env.event_type == "ShadowCompared"}
+        assert on_log == copies
         assert ops.post(f"/v1/admin/rollouts/{stable.alias}/rollback").status_code == 200
+    view.close()
+    log.close()

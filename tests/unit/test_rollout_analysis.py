@@ -67,3 +67,17 @@ def test_samples_from_terminals():
         == "timeout"
     assert sample_of(ARM_STABLE, GenerationCancelled(request_id="r", reason="client")) is None
     assert sample_of(ARM_STABLE, GenerationCancelled(request_id="r", reason="deadline")).outcome == "timeout"
+
+
+def test_a_shadow_rollout_with_a_similarity_bar_rolls_back_below_it_and_waits_for_enough_pairs():
+    from dataclasses import replace
+    shadow = replace(rollout(), mode="shadow",
+                     guardrails=Guardrails(min_samples=20, min_median_similarity=0.8))
+    served_both = served(ARM_STABLE, 30) + served(ARM_CANDIDATE, 25)
+    unlike = judge(shadow, served_both, at(5), similarities=[0.3] * 20)
+    assert (unlike.action, unlike.figure, unlike.threshold) == ("rollback", "median_similarity", 0.8)
+    assert judge(shadow, served_both, at(61), similarities=[0.95] * 20).action == "step"
+    few = judge(shadow, served_both, at(61), similarities=[0.95] * 5)
+    assert few.action == "pause" and "5 compared pairs" in few.detail
+    assert judge(replace(shadow, guardrails=Guardrails(min_samples=20)), served_both, at(61)).action == "step", \
+        "no bar: similarity gates nothing"
