@@ -14,7 +14,7 @@ import argparse
 from models.settings import Settings
 
 GUARDRAIL_FLAGS = {"min_samples": int, "max_ttft_p95_ratio": float, "max_tpot_p95_ratio": float,
-                   "max_error_rate_delta": float, "max_timeout_rate_delta": float}
+                   "max_error_rate_delta": float, "max_timeout_rate_delta": float, "min_median_similarity": float}
 
 
 def _steps(text: str) -> tuple[float, ...]:

@@ -27,6 +27,7 @@ class GuardrailsBody(BaseModel):
     max_tpot_p95_ratio: float | None = Field(default=None, gt=0, le=1000)
     max_error_rate_delta: float | None = Field(default=None, ge=0, le=1)
     max_timeout_rate_delta: float | None = Field(default=None, ge=0, le=1)
+    min_median_similarity: float | None = Field(default=None, ge=-1, le=1)
 
 
 class RolloutBody(BaseModel):

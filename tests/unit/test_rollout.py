@@ -235,8 +235,10 @@ def test_the_cli_starts_steps_shows_and_rolls_back_a_rollout_as_json_lines(tmp_p
         out = capsys.readouterr()
         return code, [json.loads(line) for line in out.out.splitlines()], out.err
 
-    code, [shown], _ = cli("rollout", "start", "tiny", CANDIDATE, "--steps", "10,50,100", "--min-samples", "20")
+    code, [shown], _ = cli("rollout", "start", "tiny", CANDIDATE, "--steps", "10,50,100", "--min-samples", "20",
+                           "--min-median-similarity", "0.8")
     assert code == 0 and (shown["weight_percent"], shown["guardrails"]["min_samples"]) == (10.0, 20)
+    assert shown["guardrails"]["min_median_similarity"] == 0.8
     code, _, err = cli("rollout", "start", "tiny", CANDIDATE)
     assert code == 2 and "under way" in err
     assert cli("rollout", "step", "tiny")[1][0]["weight_percent"] == 50.0
