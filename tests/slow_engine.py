@@ -21,6 +21,9 @@ class SlowEngine(InferenceEngine):
                    os.environ.get("LEDGERLM_TEST_ENGINE_HASH", "slow-engine"))
 
     async def generate(self, request: EngineRequest):
+        # An abort was for an earlier generation of this id (its take failed, it is taken
+        # again): as on vLLM, which keeps nothing of an aborted request, it starts clean.
+        self._aborted.discard(request.request_id)
         for made in range(1, request.max_output_tokens + 1):
             await asyncio.sleep(self.pause_s)
             if request.request_id in self._aborted:
