@@ -30,6 +30,12 @@ POLICY = {
     ("DELETE", "/v1/admin/aliases/{alias}"): OPERATOR,
     ("POST", "/v1/admin/models/{model_revision:path}/retire"): OPERATOR,
     ("GET", "/v1/admin/fleet"): OPERATOR,
+    ("POST", "/v1/admin/rollouts"): OPERATOR,
+    ("GET", "/v1/admin/rollouts"): OPERATOR,
+    ("GET", "/v1/admin/rollouts/history/{rollout_id}"): OPERATOR,
+    ("GET", "/v1/admin/rollouts/{alias}"): OPERATOR,
+    ("POST", "/v1/admin/rollouts/{alias}/{action}"): OPERATOR,
+    ("POST", "/v1/admin/revisions/{model_revision:path}/drain"): OPERATOR,
 }
 
 
@@ -61,7 +67,8 @@ def valid_body(method: str, path: str, platform) -> dict | None:
 
 def url(path: str, victim_tenant: str, victim_key: str) -> str:
     return (path.replace("{tenant_id}", victim_tenant).replace("{key_id}", victim_key)
-            .replace("{alias}", "matrix-none").replace("{model_revision:path}", "no-such-revision"))
+            .replace("{alias}", "matrix-none").replace("{model_revision:path}", "no-such-revision")
+            .replace("{rollout_id}", "no-such-rollout").replace("{action}", "rollback"))
 
 
 def test_every_admin_route_has_a_policy(platform):
