@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=["upgrade", "downgrade"])
     db.add_argument("revision", nargs="?", default=None)
 
-    sub.add_parser("model", help="model tools (make-tiny DIR, approve)", add_help=False)
+    sub.add_parser("model", help="model tools (make-tiny DIR, prepare-small, approve, sign DIR, keygen)", add_help=False)
     sub.add_parser("demo", help="run one streaming generation on the embedded defaults")
     return parser
 

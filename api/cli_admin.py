@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from models.quota import LIMIT_FIELDS, MAX_FAIR_SHARE_WEIGHT, Limits
 from models.settings import Settings
@@ -103,6 +104,8 @@ def add_admin_parser(sub) -> None:
     approve.add_argument("--price-input-per-1k-micros", type=int, default=0)
     approve.add_argument("--price-output-per-1k-micros", type=int, default=0)
     approve.add_argument("--tenants", default="*", help="comma-separated tenants allowed, or * for all")
+    approve.add_argument("--signature", help="a trusted key's signature over the directory's files "
+                                             "(ledgerlm model sign DIR); the digests are read from --path")
     alias = model.add_parser("alias", help="point an alias at an approved revision")
     alias.add_argument("alias")
     alias.add_argument("revision")
@@ -116,13 +119,14 @@ def add_admin_parser(sub) -> None:
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     from pipelines import admin
 
-    return print_admin_lines(settings, lambda view, actor: _run(admin, view, args, actor))
+    return print_admin_lines(settings, lambda view, actor: _run(admin, view, args, actor, settings))
 
 
 def print_admin_lines(settings: Settings, lines) -> int:
     """Prints as JSON lines what `lines(view, actor)` yields over the registry view of the
     configured log; an admin command's refusal is an error line and exit status 2."""
     from pipelines.admin import AdminError
+    from pipelines.artifacts import ArtifactError
     from pipelines.bootstrap import Bootstrap
 
     actor = os.environ.get("USER", "cli")
@@ -132,7 +136,7 @@ def print_admin_lines(settings: Settings, lines) -> int:
         try:
             for line in lines(view, actor):
                 print(json.dumps(line))
-        except AdminError as exc:
+        except (AdminError, ArtifactError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return 0
@@ -145,7 +149,7 @@ def _when(text: str) -> datetime:
     return when
 
 
-def _run(admin, view, args, actor: str):
+def _run(admin, view, args, actor: str, settings: Settings):
     from pipelines import admin_tenants
 
     what, action = args.what, args.action
@@ -188,12 +192,19 @@ def _run(admin, view, args, actor: str):
             raise admin.AdminNotFound(f"tenant {args.tenant_id!r} does not exist")
         yield {"tenant_id": args.tenant_id, **registry.limits_for(args.tenant_id).as_dict()}
     elif what == "model" and action == "approve":
+        from pipelines import artifacts
+
+        # the directory's files are digested where it is on this machine; elsewhere the
+        # revision is approved without them (and a worker serves it unchecked)
+        digests = artifacts.artifact_digests(Path(args.path)) if Path(args.path).is_dir() else None
         admin.approve_model(view, alias=args.alias, model_revision=args.revision, model_path=args.path,
                             engine_config_hash=args.config_hash, max_model_len=args.max_model_len, actor=actor,
                             price_input_per_1k_micros=args.price_input_per_1k_micros,
                             price_output_per_1k_micros=args.price_output_per_1k_micros,
-                            allowed_tenants=tuple(args.tenants.split(",")))
-        yield {"alias": args.alias, "model_revision": args.revision}
+                            allowed_tenants=tuple(args.tenants.split(",")), artifact_digests=digests,
+                            artifact_signature=args.signature, **artifacts.approval_policy(settings))
+        revision = view.refresh().revisions[args.revision]
+        yield {"alias": args.alias, "model_revision": args.revision, **artifacts.describe(revision)}
     elif what == "model" and action == "alias":
         admin.set_alias(view, alias=args.alias, model_revision=args.revision, actor=actor,
                         allowed_tenants=tuple(args.tenants.split(",")))

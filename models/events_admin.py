@@ -55,6 +55,11 @@ class ModelRevisionApproved(Payload):
     price_input_per_1k_micros: int = Field(default=0, ge=0)
     price_output_per_1k_micros: int = Field(default=0, ge=0)
     actor: str
+    # SHA-256 of each file in the model directory when it was approved (pipelines.artifacts);
+    # absent on revisions approved without them, which are served unchecked.
+    artifact_digests: dict[str, str] | None = Field(default=None, exclude_if=lambda v: v is None)
+    artifact_signature: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    artifact_signer: str | None = Field(default=None, exclude_if=lambda v: v is None)  # the trusted key's id
 
 
 @event("ModelAliasSet")

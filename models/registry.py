@@ -59,6 +59,9 @@ class Revision:
     max_model_len: int
     price_input_per_1k_micros: int
     price_output_per_1k_micros: int
+    artifact_digests: dict[str, str] | None = None
+    artifact_signature: str | None = None
+    artifact_signer: str | None = None
 
 
 @dataclass
@@ -107,6 +110,7 @@ class Registry:
             self.revisions[p.model_revision] = Revision(
                 p.model_revision, p.model_path, p.engine_config_hash, p.max_model_len,
                 p.price_input_per_1k_micros, p.price_output_per_1k_micros,
+                p.artifact_digests, p.artifact_signature, p.artifact_signer,
             )
         elif isinstance(p, ModelAliasSet):
             self.aliases[p.alias] = Alias(p.alias, p.model_revision, frozenset(p.allowed_tenants))

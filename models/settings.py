@@ -115,6 +115,12 @@ class Settings(BaseSettings):
     # prompt and output digests on durable topics are HMACs under it. Unset: derived from
     # `audit_signing_key`.
     digest_key: str | None = Field(default=None, repr=False)
+    # Ed25519 public keys (urlsafe base64, comma-separated) whose signatures over a model
+    # directory's digests the platform accepts at approval and checks again when a worker
+    # starts (pipelines.artifacts). With `require_signed_artifacts`, a revision without a
+    # signature that verifies is neither approved nor served.
+    artifact_trusted_keys: str | None = None
+    require_signed_artifacts: bool = False
     grace_s: float = 30.0
     # How long a generation outlives its client's disconnect, so the client can reconnect
     # (`Last-Event-ID`) and lose nothing. The engine keeps generating meanwhile and the

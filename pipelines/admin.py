@@ -17,6 +17,7 @@ from models.events_admin import (
 )
 from models.quota import LIMIT_FIELDS, MAX_WINDOW_S
 from models.registry import Registry, hash_secret
+from pipelines import artifacts
 from pipelines.eventlog import EventLog, Message, Record, TopicSpec
 from pipelines.eventlog.base import Tail
 
@@ -175,17 +176,29 @@ def revoke_key(view: RegistryView, *, key_id: str, actor: str) -> Envelope:
 def approve_model(
     view: RegistryView, *, alias: str, model_revision: str, model_path: str, engine_config_hash: str,
     max_model_len: int, actor: str, price_input_per_1k_micros: int = 0, price_output_per_1k_micros: int = 0,
-    allowed_tenants: tuple[str, ...] = ("*",),
+    allowed_tenants: tuple[str, ...] = ("*",), artifact_digests: dict[str, str] | None = None,
+    artifact_signature: str | None = None, trusted: Iterable = (), require_signed: bool = False,
 ) -> list[Envelope]:
+    """Approves a revision (once: a later call with the same name only moves the alias) and
+    points the alias at it. `artifact_digests` are the directory's file digests
+    (`pipelines.artifacts.artifact_digests`); a signature over them must verify with one of
+    the `trusted` keys, and with `require_signed` one must."""
     registry = view.refresh()
     if model_revision in registry.retired:
         raise AdminConflict(f"model revision {model_revision!r} is retired; approve the model under a new revision")
+    signer = _artifact_signer(artifact_digests, artifact_signature, list(trusted), require_signed)
     events = []
-    if model_revision not in registry.revisions:
+    known = registry.revisions.get(model_revision)
+    if known is not None and artifact_digests is not None and known.artifact_digests not in (None, artifact_digests):
+        raise AdminConflict(f"model revision {model_revision!r} was approved with other files "
+                            f"({'; '.join(artifacts.differences(known.artifact_digests, artifact_digests)[:3])}): "
+                            f"approve these under a new revision")
+    if known is None:
         events.append(_admin_event(ModelRevisionApproved(
             model_revision=model_revision, model_path=model_path, engine_config_hash=engine_config_hash,
             max_model_len=max_model_len, price_input_per_1k_micros=price_input_per_1k_micros,
-            price_output_per_1k_micros=price_output_per_1k_micros, actor=actor), PLATFORM))
+            price_output_per_1k_micros=price_output_per_1k_micros, actor=actor, artifact_digests=artifact_digests,
+            artifact_signature=artifact_signature if signer else None, artifact_signer=signer), PLATFORM))
     current = registry.aliases.get(alias)
     if current is None or current.model_revision != model_revision or current.allowed_tenants != frozenset(allowed_tenants):
         if alias in registry.open_rollouts:
@@ -196,6 +209,25 @@ def approve_model(
     for env in events:
         _append(view._log, env)
     return events
+
+
+def _artifact_signer(digests: dict[str, str] | None, signature: str | None, trusted: list,
+                     require_signed: bool) -> str | None:
+    """The id of the trusted key that signed these digests; None when unsigned (allowed
+    unless `require_signed`). A signature that does not verify is refused, never dropped."""
+    if signature is not None and digests is None:
+        raise AdminError("an artifact signature signs the artifact digests: give them too")
+    if signature is None:
+        if require_signed:
+            raise AdminError("this platform approves signed artifacts only: give artifact digests and a signature "
+                             "from a trusted key (ledgerlm model sign DIR)")
+        return None
+    if not trusted:
+        raise AdminError("an artifact signature was given, but no key is trusted (LEDGERLM_ARTIFACT_TRUSTED_KEYS)")
+    signer = artifacts.signer_of(artifacts.manifest_digest(digests), signature, trusted)
+    if signer is None:
+        raise AdminError("the artifact signature does not verify with any trusted key")
+    return signer
 
 
 def set_limits(view: RegistryView, *, tenant_id: str, actor: str, **changes) -> Envelope:

@@ -5,6 +5,9 @@
                                              --admit: admission in the same process)
     python -m workers model make-tiny DIR   generate the small local model
     python -m workers model approve         approve the configured model under its alias
+                                            (with its files' digests; --signature S)
+    python -m workers model sign DIR        its files' digests, signed with --key
+    python -m workers model keygen          a new artifact signing key and its public key
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from typing import Callable
 from models import topics
 from models.digests import TenantDigests
 from models.settings import Settings, format_cpu_list
+from pipelines.admin import AdminError
+from pipelines.artifacts import ArtifactError
 from pipelines.bootstrap import Bootstrap
 from pipelines.process_tuning import lower_session_priority, run_on_cpus, tune_process
 from workers.engine import EngineMismatch
@@ -37,7 +42,9 @@ def model_dir(settings: Settings) -> Path:
     return make_tiny_model(settings.ensure_home() / "models" / "tiny")
 
 
-def approve(settings: Settings, log, *, alias: str | None = None) -> str:
+def approve(settings: Settings, log, *, alias: str | None = None, signature: str | None = None) -> str:
+    """Approves the configured model with its files' digests (and `signature` over them)."""
+    from pipelines import artifacts
     from pipelines.admin import approve_model
 
     platform = Bootstrap(settings)
@@ -46,7 +53,8 @@ def approve(settings: Settings, log, *, alias: str | None = None) -> str:
     revision = f"{path.name}@{config_hash[:12]}"
     approve_model(platform.registry_view(log), alias=alias or settings.model_alias, model_revision=revision,
                   model_path=str(path), engine_config_hash=config_hash, max_model_len=settings.max_model_len,
-                  actor=os.environ.get("USER", "worker"))
+                  actor=os.environ.get("USER", "worker"), artifact_digests=artifacts.artifact_digests(path),
+                  artifact_signature=signature, **artifacts.approval_policy(settings))
     return revision
 
 
@@ -114,7 +122,7 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
 def resolve_worker_revision(settings: Settings, *, revision: str | None = None, alias: str | None = None):
     """(the settings that load the revision, the revision) for a worker; the clear errors of
     `workers.revision` when it is not approved or its engine would hash differently."""
-    from workers.revision import check_engine, engine_settings, revision_to_serve
+    from workers.revision import check_artifacts, check_engine, engine_settings, revision_to_serve
 
     platform = Bootstrap(settings)
     with platform.event_log() as log:
@@ -128,6 +136,7 @@ def resolve_worker_revision(settings: Settings, *, revision: str | None = None, 
                                 config_hash=config_hash)
     settings = engine_settings(settings, serving)
     check_engine(Bootstrap(settings).engine(), serving)  # before minutes of engine start
+    check_artifacts(settings, serving)  # the files it would load are the approved ones
     return settings, serving
 
 
@@ -236,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     small.add_argument("directory", type=Path, nargs="?", help="default: models/ under the platform's home")
     appr = model.add_parser("approve", help="approve the configured model revision under an alias")
     appr.add_argument("--alias")
+    appr.add_argument("--signature", help="a trusted key's signature over the model's files (model sign)")
+    sign = model.add_parser("sign", help="digest a model directory and sign it with an Ed25519 key")
+    sign.add_argument("directory", type=Path)
+    sign.add_argument("--key", default=os.environ.get("LEDGERLM_ARTIFACT_SIGNING_KEY"),
+                      help="ed25519:<urlsafe base64 of a 32-byte seed> (default: LEDGERLM_ARTIFACT_SIGNING_KEY); "
+                           "without one, only the digests are printed")
+    model.add_parser("keygen", help="a new artifact signing key and the public key to trust")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
     settings = Settings()
@@ -248,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"LEDGERLM_CPUS: {exc}")
         try:
             return serve_worker(settings, args.pool, revision=args.revision, alias=args.alias)
-        except (UnknownRevision, EngineMismatch) as exc:  # said plainly, before any engine starts
+        except (UnknownRevision, EngineMismatch, ArtifactError) as exc:  # said plainly, before any engine starts
             print(f"ledgerlm serve worker: {exc}", file=sys.stderr)
             return 2
     if args.action == "make-tiny":
@@ -261,9 +277,40 @@ def main(argv: list[str] | None = None) -> int:
 
         print(prepare_smollm2(args.directory or default_dir(settings.home)).resolve())
         return 0
+    if args.action in ("sign", "keygen"):
+        print(json.dumps(sign_or_keygen(args)))
+        return 0
     with Bootstrap(settings).event_log() as log:
-        print(json.dumps({"model_revision": approve(settings, log, alias=args.alias)}))
+        try:
+            revision = approve(settings, log, alias=args.alias, signature=args.signature)
+        except (AdminError, ArtifactError) as exc:
+            print(f"ledgerlm model approve: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"model_revision": revision}))
     return 0
+
+
+def sign_or_keygen(args) -> dict:
+    """`model keygen`: a fresh seed and its public key; `model sign DIR`: the directory's
+    digests, their manifest digest and, with a key, the signature to approve it with."""
+    import base64
+    import secrets
+
+    from pipelines import artifacts
+    from pipelines.audit.signing import Ed25519Signer
+
+    if args.action == "keygen":
+        seed = secrets.token_bytes(32)
+        signer = Ed25519Signer(seed)
+        return {"signing_key": "ed25519:" + base64.urlsafe_b64encode(seed).decode(),
+                "public_key": signer.public_base64(), "key_id": signer.key_id}
+    digests = artifacts.artifact_digests(args.directory)
+    manifest = artifacts.manifest_digest(digests)
+    out = {"directory": str(args.directory.resolve()), "files": len(digests), "manifest": manifest,
+           "artifact_digests": digests}
+    if args.key:
+        out["signature"], out["key_id"] = artifacts.sign_manifest(manifest, args.key)
+    return out
 
 
 if __name__ == "__main__":

@@ -56,6 +56,17 @@ def engine_settings(settings: Settings, revision: Revision) -> Settings:
     return settings.model_copy(update={"model": Path(revision.model_path), "max_model_len": revision.max_model_len})
 
 
+def check_artifacts(settings: Settings, revision: Revision) -> None:
+    """`ArtifactError` unless the revision's directory holds the files it was approved with
+    (a revision approved without digests is served unchecked, unless only signed ones are)."""
+    from pipelines import artifacts
+
+    artifacts.check_served(Path(revision.model_path), revision=revision.model_revision,
+                           approved=revision.artifact_digests, signature=revision.artifact_signature,
+                           verifiers=artifacts.trusted_verifiers(settings.artifact_trusted_keys),
+                           require_signed=settings.require_signed_artifacts)
+
+
 def check_engine(engine: InferenceEngine, revision: Revision) -> str:
     """The engine's config hash, when it is the revision's; `EngineMismatch` otherwise."""
     actual = engine.engine_config_hash()

@@ -9,6 +9,8 @@ other tenant is missing (404). See `api.admin_access`.
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -18,7 +20,7 @@ from api.errors import ApiError
 from models.authz import ungrantable_scopes
 from models.events_admin import Scope
 from models.quota import MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S
-from pipelines import admin, admin_tenants
+from pipelines import admin, admin_tenants, artifacts
 
 router = APIRouter(prefix="/v1/admin")
 ActorDep = OperatorDep  # the name other admin routers import
@@ -78,6 +80,12 @@ class ModelBody(BaseModel):
     price_input_per_1k_micros: int = Field(default=0, ge=0)
     price_output_per_1k_micros: int = Field(default=0, ge=0)
     allowed_tenants: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    # the model directory's file digests (`ledgerlm model sign DIR` prints them), and a
+    # signature over them by a trusted key; a worker then serves only those files
+    artifact_digests: dict[Annotated[str, Field(min_length=1, max_length=500)],
+                           Annotated[str, Field(pattern="^[0-9a-f]{64}$")]] | None = Field(
+        default=None, min_length=1, max_length=10_000)
+    artifact_signature: str | None = Field(default=None, pattern="^[0-9a-f]{128}$")
 
 
 class AliasBody(BaseModel):
@@ -177,9 +185,11 @@ def set_limits(tenant_id: str, body: LimitsBody, actor: TenantAdminDep, svc: Ser
 @router.post("/models", status_code=201)
 def approve_model(body: ModelBody, actor: OperatorDep, svc: ServicesDep):
     data = body.model_dump()
-    run(admin.approve_model, view=svc.registry_view, actor=str(actor),
+    run(admin.approve_model, view=svc.registry_view, actor=str(actor), **artifacts.approval_policy(svc.settings),
         **{**data, "allowed_tenants": tuple(body.allowed_tenants)})
-    return {"alias": body.alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants}
+    revision = svc.registry_view.refresh().revisions[body.model_revision]
+    return {"alias": body.alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants,
+            **artifacts.describe(revision)}
 
 
 @router.put("/aliases/{alias}")
