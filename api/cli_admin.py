@@ -114,6 +114,14 @@ def add_admin_parser(sub) -> None:
     retire.add_argument("revision")
     retire.add_argument("--reason")
     model.add_parser("delete-alias", help="remove an alias for every tenant").add_argument("alias")
+    evals = what.add_parser("eval", help="the eval table: per task and revision, a quality score in [0, 1]") \
+        .add_subparsers(dest="action", required=True)
+    upload = evals.add_parser("upload", help="record a table's rows (CSV with a header, or JSON lines)")
+    upload.add_argument("file", type=Path, help="columns task, model_revision, score[, samples]; - for stdin")
+    upload.add_argument("--source", help="the eval run the rows come from (default: the file's name)")
+    show = evals.add_parser("show", help="each task and revision's latest score")
+    show.add_argument("--task")
+    show.add_argument("--revision")
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
@@ -215,3 +223,20 @@ def _run(admin, view, args, actor: str, settings: Settings):
     elif what == "model" and action == "delete-alias":
         admin.delete_alias(view, alias=args.alias, actor=actor)
         yield {"alias": args.alias, "deleted": True}
+    elif what == "eval":
+        yield from _eval_lines(view, args, actor)
+
+
+def _eval_lines(view, args, actor: str):
+    from pipelines import admin, evals
+
+    if args.action == "show":
+        yield from evals.table(view.refresh(), task=args.task, model_revision=args.revision)
+        return
+    try:
+        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise admin.AdminError(f"cannot read {args.file}: {exc}") from None
+    source = args.source or ("stdin" if str(args.file) == "-" else args.file.name)
+    env = evals.record(view, rows=evals.parse_table(text), source=source, actor=actor)
+    yield {"source": source, "rows": len(env.payload.rows), "event_id": str(env.event_id)}

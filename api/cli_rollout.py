@@ -5,6 +5,7 @@ by admin events (`pipelines.rollouts`), printed as JSON lines.
                                            [--shadow] [--min-samples 50] ...
     ledgerlm rollout status [ALIAS] [--all]
     ledgerlm rollout step|pause|resume|promote|rollback ALIAS [--reason TEXT]
+    ledgerlm rollout replace ALIAS CANDIDATE
     ledgerlm route drain REVISION
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ import argparse
 from models.settings import Settings
 
 GUARDRAIL_FLAGS = {"min_samples": int, "max_ttft_p95_ratio": float, "max_tpot_p95_ratio": float,
-                   "max_error_rate_delta": float, "max_timeout_rate_delta": float, "min_median_similarity": float}
+                   "max_error_rate_delta": float, "max_timeout_rate_delta": float, "min_median_similarity": float,
+                   "max_eval_score_drop": float}
 
 
 def _steps(text: str) -> tuple[float, ...]:
@@ -44,6 +46,10 @@ def register(verbs) -> dict:
         one.add_argument("alias")
         if verb == "rollback":
             one.add_argument("--reason", default="manual")
+    replace = action.add_parser("replace", help="go on with another candidate: back to the first step, "
+                                                "its analysis afresh")
+    replace.add_argument("alias")
+    replace.add_argument("candidate")
     route = verbs.add_parser("route", help="routing across aliases")
     drain = route.add_subparsers(dest="action", required=True).add_parser(
         "drain", help="move every alias's traffic off a revision at once")
@@ -80,5 +86,7 @@ def _lines(rollouts, view, args, actor: str):
     else:
         command = getattr(rollouts, action)
         options = {"reason": args.reason} if action == "rollback" else {}
+        if action == "replace":
+            options = {"candidate_revision": args.candidate}
         env = command(view, alias=args.alias, actor=actor, **options)
         yield rollouts.describe(view.refresh().rollouts[env.payload.rollout_id])

@@ -157,3 +157,21 @@ class TenantSuspended(Payload):
 class TenantReinstated(Payload):
     tenant_id: str
     actor: str
+
+
+class EvalRow(Payload):
+    task: str = Field(min_length=1, max_length=128)
+    model_revision: str = Field(min_length=1, max_length=200)
+    score: float = Field(ge=0, le=1)  # e.g. the share of the task's eval cases passed
+    samples: int = Field(default=1, ge=1)  # the cases the score rests on
+
+
+@event("EvalScoresRecorded")
+class EvalScoresRecorded(Payload):
+    """Rows of an eval table an operator uploaded: per task and revision, a quality score in
+    [0, 1]. A later row for the same task and revision replaces the earlier one. Rollout
+    guardrails compare a candidate's scores with stable's; routing reads them too."""
+
+    source: str = Field(min_length=1, max_length=200)  # the eval run or file the rows come from
+    rows: tuple[EvalRow, ...] = Field(min_length=1, max_length=10_000)
+    actor: str

@@ -28,6 +28,10 @@ class Guardrails(Payload):
     # Shadow rollouts: the median text similarity of candidate to stable answers a step must
     # reach (`ShadowCompared`); absent, similarity is recorded but gates nothing.
     min_median_similarity: float | None = Field(default=None, ge=-1, le=1, exclude_if=lambda v: v is None)
+    # Quality from the eval table (`EvalScoresRecorded`): on every task stable has a score
+    # for, the candidate's may be at most this much lower; a task the candidate has no score
+    # for leaves the step inconclusive. Absent, eval scores gate nothing.
+    max_eval_score_drop: float | None = Field(default=None, ge=0, le=1, exclude_if=lambda v: v is None)
 
 
 @event("RolloutStarted")
@@ -79,6 +83,18 @@ class RolloutPaused(Payload):
 @event("RolloutResumed")
 class RolloutResumed(Payload):
     rollout_id: str
+    actor: str
+
+
+@event("RolloutCandidateReplaced")
+class RolloutCandidateReplaced(Payload):
+    """The rollout goes on with another candidate (a fixed build, say): back to the first
+    step's share, a pause lifted, and the analysis starts over on the new candidate alone.
+    The same callers are its canary (assignment keys on the rollout, not the revision)."""
+
+    rollout_id: str
+    candidate_revision: str
+    replaced_revision: str
     actor: str
 
 

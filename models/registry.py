@@ -17,18 +17,19 @@ from datetime import datetime, timezone
 from models.authz import OWN_LIMIT_FIELDS, tighten
 from models.events import Envelope
 from models.events_admin import (
-    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
+    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, EvalScoresRecorded, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
     ModelRevisionRetired, TenantCreated, TenantLimitsChanged, TenantOwnLimitsChanged, TenantReinstated,
     TenantSuspended,
 )
 from models.events_rollout import (
-    RevisionDrained, RolloutPaused, RolloutPromoted, RolloutResumed, RolloutRolledBack, RolloutStarted, RolloutStepped,
+    RevisionDrained, RolloutCandidateReplaced, RolloutPaused, RolloutPromoted, RolloutResumed, RolloutRolledBack,
+    RolloutStarted, RolloutStepped,
 )
 from models.quota import Limits
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, RolloutState, Route, apply_rollout
 
 ROLLOUT_EVENTS = (RolloutStarted, RolloutStepped, RolloutPaused, RolloutResumed, RolloutPromoted, RolloutRolledBack,
-                  RevisionDrained)
+                  RolloutCandidateReplaced, RevisionDrained)
 
 
 def hash_secret(secret: str) -> str:
@@ -64,6 +65,14 @@ class Revision:
     artifact_signer: str | None = None
 
 
+@dataclass(frozen=True)
+class EvalScore:
+    score: float
+    samples: int
+    source: str
+    recorded_at: datetime
+
+
 @dataclass
 class Alias:
     alias: str
@@ -89,6 +98,7 @@ class Registry:
     suspended: dict[str, str | None] = field(default_factory=dict)  # tenant -> the reason given, if any
     rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by rollout id, ended ones too
     open_rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by alias: its routing table
+    evals: dict[str, dict[str, EvalScore]] = field(default_factory=dict)  # task -> revision -> its latest score
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
@@ -131,6 +141,10 @@ class Registry:
             self.suspended.pop(p.tenant_id, None)
         elif isinstance(p, ROLLOUT_EVENTS):
             self._apply_rollout(env)
+        elif isinstance(p, EvalScoresRecorded):
+            for row in p.rows:
+                self.evals.setdefault(row.task, {})[row.model_revision] = EvalScore(
+                    row.score, row.samples, p.source, env.occurred_at)
 
     def _apply_rollout(self, env: Envelope) -> None:
         were_open = dict(self.open_rollouts)

@@ -92,8 +92,8 @@ def apply_rollout(rollouts: dict[str, RolloutState], open_by_alias: dict[str, Ro
     Events for an unknown or ended rollout change nothing (the admin commands refuse to
     write them; a replay stays deterministic all the same)."""
     from models.events_rollout import (
-        RevisionDrained, RolloutPaused, RolloutPromoted, RolloutResumed, RolloutRolledBack, RolloutStarted,
-        RolloutStepped,
+        RevisionDrained, RolloutCandidateReplaced, RolloutPaused, RolloutPromoted, RolloutResumed, RolloutRolledBack,
+        RolloutStarted, RolloutStepped,
     )
     p, at = env.payload, env.occurred_at
 
@@ -132,6 +132,11 @@ def apply_rollout(rollouts: dict[str, RolloutState], open_by_alias: dict[str, Ro
     elif isinstance(p, RolloutResumed):
         state.paused, state.stepped_at = None, at  # the step's analysis starts over
         note(state, "resumed", actor=p.actor)
+    elif isinstance(p, RolloutCandidateReplaced):
+        state.candidate_revision, state.step, state.weight_percent = p.candidate_revision, 0, state.steps[0]
+        state.paused, state.stepped_at = None, at
+        note(state, "candidate_replaced", candidate_revision=p.candidate_revision,
+             replaced_revision=p.replaced_revision, weight_percent=state.steps[0], actor=p.actor)
     elif isinstance(p, RolloutPromoted):
         end(state, "promoted", "promoted", actor=p.actor)
     elif isinstance(p, RolloutRolledBack):

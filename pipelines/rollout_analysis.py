@@ -2,7 +2,9 @@
 
 Per step, over requests made since the step began, candidate against stable: TTFT p95 and
 time per output token p95 (as ratios), and the rates of failures and of timeouts (as
-differences). A breach rolls back at once, as soon as both arms have `min_samples`; with
+differences); where the guardrails ask, the shadow pairs' median similarity and the eval
+table's per-task scores (a candidate scoring too far below stable rolls back at once, one
+without a score leaves the step inconclusive). A breach rolls back at once, as soon as both arms have `min_samples`; with
 fewer by the step's end, the rollout pauses as inconclusive (neither a pass nor an
 abort, however long it waits); a step that ran its time clean moves to the next, and the
 last one, clean, promotes. Pure: `judge` sees samples and a time, so a replay of the same
@@ -77,11 +79,16 @@ def figures(stable: list[Sample], candidate: list[Sample]) -> dict[str, float]:
 
 
 def judge(rollout: RolloutState, samples: list[Sample], now: datetime, baseline: list[Sample] = (),
-          similarities: list[float] = ()) -> Verdict:
+          similarities: list[float] = (), evals: dict[str, tuple[float, float | None]] | None = None) -> Verdict:
     """`baseline`: stable's samples of the step before, compared against where this step
     sends stable nothing (a share of 100 %). `similarities`: the step's shadow pairs'
-    (`ShadowCompared`), gating a shadow rollout whose guardrails set a median bar."""
+    (`ShadowCompared`), gating a shadow rollout whose guardrails set a median bar. `evals`:
+    {task: (stable's score, the candidate's or None)} from the eval table, gating where the
+    guardrails set `max_eval_score_drop`."""
     g = rollout.guardrails
+    quality = _quality(g.max_eval_score_drop, evals or {})
+    if isinstance(quality, Verdict):
+        return quality
     stable = [s for s in samples if s.arm == ARM_STABLE] or [s for s in baseline if s.arm == ARM_STABLE]
     candidate = [s for s in samples if s.arm == ARM_CANDIDATE]
     enough = len(stable) >= g.min_samples and len(candidate) >= g.min_samples
@@ -108,5 +115,26 @@ def judge(rollout: RolloutState, samples: list[Sample], now: datetime, baseline:
     if not enough:
         pairs = f", {len(similarities)} compared pairs" if gated else ""
         return Verdict("pause", detail=f"inconclusive: {len(candidate)} candidate and {len(stable)} stable "
-                                       f"generations in the step{pairs}, {g.min_samples} needed of each")
+                                       f"generations in the step{pairs}, {g.min_samples} needed of each"
+                                       + (f"; {quality}" if quality else ""))
+    if quality:
+        return Verdict("pause", detail=f"inconclusive: {quality}")
     return Verdict("step" if rollout.next_step is not None else "promote")
+
+
+def _quality(max_drop: float | None, evals: dict[str, tuple[float, float | None]]) -> Verdict | str | None:
+    """The eval gate: a rollback verdict where the candidate scores more than `max_drop`
+    below stable on a task; what it still lacks (a phrase) where a score is missing; None
+    when it passes or gates nothing."""
+    if max_drop is None:
+        return None
+    if not evals:
+        return "the eval table has no score for the stable revision"
+    for task, (stable, candidate) in evals.items():
+        if candidate is not None and stable - candidate > max_drop + 1e-12:
+            return Verdict("rollback", "eval_score_drop", round(stable - candidate, 4), max_drop,
+                           f"on task {task!r} the candidate scores {candidate:.3g} against stable's {stable:.3g}")
+    unscored = [task for task, (_, candidate) in evals.items() if candidate is None]
+    if unscored:
+        return f"the eval table has no candidate score for {', '.join(map(repr, unscored))}"
+    return None

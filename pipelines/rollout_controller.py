@@ -22,7 +22,7 @@ from models.events_generation import (
 )
 from models.events_rollout import ShadowCompared
 from models.rollout import ARM_STABLE, SHADOW_TENANT, RolloutState
-from pipelines import rollouts
+from pipelines import evals, rollouts
 from pipelines.admin import AdminError, RegistryView
 from pipelines.eventlog import EventLog, partition_for
 from pipelines.fleet import wall_clock
@@ -77,7 +77,7 @@ class RolloutController:
             self._next_judgement = time.monotonic() + self._every_s
             for rollout in list(registry.open_rollouts.values()):
                 if not rollout.paused:
-                    self._judge(rollout)
+                    self._judge(rollout, registry)
 
     def _request(self, value: bytes, registry) -> None:
         try:
@@ -176,7 +176,7 @@ class RolloutController:
                     return "".join(parts)
         return None
 
-    def _judge(self, rollout: RolloutState) -> None:
+    def _judge(self, rollout: RolloutState, registry) -> None:
         kept = self._samples.get(rollout.rollout_id, [])
         since = rollout.stepped_at or rollout.started_at
         step = [s for at, s in kept if at >= since]
@@ -185,10 +185,11 @@ class RolloutController:
             [(since - timedelta(microseconds=1), s) for s in baseline]
         similar = self._similarities.get(rollout.rollout_id, [])
         self._similarities[rollout.rollout_id] = [(at, x) for at, x in similar if at >= since]
-        verdict = judge(rollout, step, self._clock(), baseline, [x for at, x in similar if at >= since])
+        verdict = judge(rollout, step, self._clock(), baseline, [x for at, x in similar if at >= since],
+                        evals.compared(registry, rollout.stable_revision, rollout.candidate_revision))
         if verdict.action == "wait":
             return
-        alias, expected = rollout.alias, (rollout.rollout_id, rollout.step)
+        alias, expected = rollout.alias, (rollout.rollout_id, rollout.step, rollout.candidate_revision)
         try:
             if verdict.action == "rollback":
                 rollouts.rollback(self._view, alias=alias, actor=ACTOR, reason="guardrail", figure=verdict.figure,

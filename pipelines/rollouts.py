@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from models.events import Envelope
 from models.events_rollout import (
-    Guardrails, RevisionDrained, RolloutPaused, RolloutPromoted, RolloutResumed, RolloutRolledBack, RolloutStarted,
-    RolloutStepped,
+    Guardrails, RevisionDrained, RolloutCandidateReplaced, RolloutPaused, RolloutPromoted, RolloutResumed,
+    RolloutRolledBack, RolloutStarted, RolloutStepped,
 )
 from models.rollout import RolloutState
 from pipelines.admin import PLATFORM, AdminConflict, AdminError, AdminNotFound, RegistryView, _admin_event, _append
@@ -29,15 +29,17 @@ def _write(view: RegistryView, payload) -> Envelope:
     return env
 
 
-def open_rollout(view: RegistryView, alias: str, expected: tuple[str, int] | None = None) -> RolloutState:
-    """The alias's open rollout; with `expected` (rollout id, step), only while it is still
-    there (a verdict reached on one step is not written onto the next)."""
+def open_rollout(view: RegistryView, alias: str, expected: tuple | None = None) -> RolloutState:
+    """The alias's open rollout; with `expected` (rollout id, step[, candidate revision]),
+    only while it is still there (a verdict reached on one step, or on one candidate, is
+    not written onto the next)."""
     rollout = view.refresh().open_rollouts.get(alias)
     if rollout is None:
         raise AdminNotFound(f"alias {alias!r} has no rollout under way")
-    if expected is not None and (rollout.rollout_id, rollout.step) != expected:
-        raise AdminConflict(f"rollout of {alias!r} moved on: it is {rollout.rollout_id} at step {rollout.step}, "
-                            f"not {expected[0]} at step {expected[1]}")
+    now = (rollout.rollout_id, rollout.step, rollout.candidate_revision)
+    if expected is not None and now[:len(expected)] != tuple(expected):
+        raise AdminConflict(f"rollout of {alias!r} moved on: it is {rollout.rollout_id} at step {rollout.step} "
+                            f"with candidate {rollout.candidate_revision}, not {' / '.join(map(str, expected))}")
     return rollout
 
 
@@ -69,8 +71,23 @@ def start(view: RegistryView, *, alias: str, candidate_revision: str, actor: str
     return _write(view, payload)
 
 
+def replace(view: RegistryView, *, alias: str, candidate_revision: str, actor: str) -> Envelope:
+    """Another candidate for the open rollout: back to its first step, the analysis afresh."""
+    rollout = open_rollout(view, alias)
+    registry = view.registry
+    if candidate_revision not in registry.revisions:
+        raise AdminNotFound(f"model revision {candidate_revision!r} is not approved")
+    if registry.pinnable(candidate_revision) is None:
+        raise AdminConflict(f"model revision {candidate_revision!r} is retired")
+    if candidate_revision in (rollout.stable_revision, rollout.candidate_revision):
+        role = "stable revision" if candidate_revision == rollout.stable_revision else "candidate already"
+        raise AdminConflict(f"{candidate_revision!r} is the rollout's {role}")
+    return _write(view, RolloutCandidateReplaced(rollout_id=rollout.rollout_id, candidate_revision=candidate_revision,
+                                                 replaced_revision=rollout.candidate_revision, actor=actor))
+
+
 def step(view: RegistryView, *, alias: str, actor: str, reason: str = "manual",
-         expected: tuple[str, int] | None = None) -> Envelope:
+         expected: tuple | None = None) -> Envelope:
     """The next step of the plan: the candidate's share rises to it (and a pause ends)."""
     rollout = open_rollout(view, alias, expected)
     following = rollout.next_step
@@ -82,7 +99,7 @@ def step(view: RegistryView, *, alias: str, actor: str, reason: str = "manual",
 
 
 def pause(view: RegistryView, *, alias: str, actor: str, reason: str = "manual", detail: str | None = None,
-          expected: tuple[str, int] | None = None) -> Envelope:
+          expected: tuple | None = None) -> Envelope:
     rollout = open_rollout(view, alias, expected)
     if rollout.paused:
         raise AdminConflict(f"rollout {rollout.rollout_id} is already paused ({rollout.paused})")
@@ -96,7 +113,7 @@ def resume(view: RegistryView, *, alias: str, actor: str) -> Envelope:
     return _write(view, RolloutResumed(rollout_id=rollout.rollout_id, actor=actor))
 
 
-def promote(view: RegistryView, *, alias: str, actor: str, expected: tuple[str, int] | None = None) -> Envelope:
+def promote(view: RegistryView, *, alias: str, actor: str, expected: tuple | None = None) -> Envelope:
     """The alias points at the candidate for everyone; the rollout ends."""
     rollout = open_rollout(view, alias, expected)
     if view.registry.pinnable(rollout.candidate_revision) is None:
@@ -106,7 +123,7 @@ def promote(view: RegistryView, *, alias: str, actor: str, expected: tuple[str, 
 
 def rollback(view: RegistryView, *, alias: str, actor: str, reason: str = "manual", figure: str | None = None,
              value: float | None = None, threshold: float | None = None,
-             expected: tuple[str, int] | None = None) -> Envelope:
+             expected: tuple | None = None) -> Envelope:
     """No new request goes to the candidate; what runs on it finishes."""
     rollout = open_rollout(view, alias, expected)
     return _write(view, RolloutRolledBack(rollout_id=rollout.rollout_id, reason=reason, figure=figure, value=value,

@@ -28,6 +28,7 @@ class GuardrailsBody(BaseModel):
     max_error_rate_delta: float | None = Field(default=None, ge=0, le=1)
     max_timeout_rate_delta: float | None = Field(default=None, ge=0, le=1)
     min_median_similarity: float | None = Field(default=None, ge=-1, le=1)
+    max_eval_score_drop: float | None = Field(default=None, ge=0, le=1)
 
 
 class RolloutBody(BaseModel):
@@ -81,6 +82,19 @@ def get_rollout(alias: str, actor: OperatorDep, svc: ServicesDep):
     if rollout is None:
         raise ApiError(404, f"alias {alias!r} has no rollout under way", code="not_found")
     return rollouts.describe(rollout)
+
+
+class CandidateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    candidate_revision: str = Field(min_length=1, max_length=256)
+
+
+@router.post("/rollouts/{alias}/candidate")
+def replace_candidate(alias: str, body: CandidateBody, actor: OperatorDep, svc: ServicesDep):
+    """Another candidate for the alias's rollout: back to the first step, analysis afresh."""
+    env = run(rollouts.replace, view=svc.registry_view, alias=alias, candidate_revision=body.candidate_revision,
+              actor=str(actor))
+    return _shown(svc, env.payload.rollout_id)
 
 
 @router.post("/rollouts/{alias}/{action}")

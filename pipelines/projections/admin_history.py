@@ -15,7 +15,7 @@ from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import insert_new
 
 # A rollout's events are its own subject (one rollout's history is one subject's rows).
-SUBJECT_FIELDS = ("rollout_id", "key_id", "alias", "model_revision", "batch_id", "tenant_id")
+SUBJECT_FIELDS = ("rollout_id", "key_id", "alias", "model_revision", "batch_id", "tenant_id", "source")
 LEFT_OUT = frozenset({"actor", "secret_sha256"})
 
 

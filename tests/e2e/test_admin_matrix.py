@@ -35,6 +35,9 @@ POLICY = {
     ("GET", "/v1/admin/rollouts/history/{rollout_id}"): OPERATOR,
     ("GET", "/v1/admin/rollouts/{alias}"): OPERATOR,
     ("POST", "/v1/admin/rollouts/{alias}/{action}"): OPERATOR,
+    ("POST", "/v1/admin/rollouts/{alias}/candidate"): OPERATOR,
+    ("POST", "/v1/admin/evals"): OPERATOR,
+    ("GET", "/v1/admin/evals"): OPERATOR,
     ("POST", "/v1/admin/revisions/{model_revision:path}/drain"): OPERATOR,
 }
 

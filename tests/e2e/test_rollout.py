@@ -123,7 +123,36 @@ def test_a_slow_candidate_is_rolled_back_by_its_guardrails_and_thin_traffic_paus
                                 what="the thin step to pause")
             assert paused.paused == "inconclusive" and paused.weight_percent == 50.0 and paused.step == 0
             assert ops.get(f"/v1/admin/rollouts/{alias}").json()["status"] == "paused: inconclusive"
+            # Another build of the candidate: the rollout goes on with it from its first step.
+            fixed = f"{slow.revision}-fixed-{uuid.uuid4().hex[:4]}"
+            approved = ops.post("/v1/admin/models", json={
+                "alias": f"fixed-{uuid.uuid4().hex[:6]}", "model_revision": fixed, "model_path": "/nowhere",
+                "engine_config_hash": fixed, "max_model_len": 64})
+            assert approved.status_code == 201, approved.text
+            replaced = ops.post(f"/v1/admin/rollouts/{alias}/candidate", json={"candidate_revision": fixed})
+            assert replaced.status_code == 200, replaced.text
+            assert (replaced.json()["candidate_revision"], replaced.json()["status"], replaced.json()["step"]) == \
+                (fixed, "progressing", 0) and replaced.json()["history"][-1]["event"] == "candidate_replaced"
             assert ops.post(f"/v1/admin/rollouts/{alias}/rollback").status_code == 200
+
+            # Quality from the eval table: a candidate scoring too far below stable on a task
+            # is rolled back without a request sent.
+            table = {"source": "nightly", "rows": [
+                {"task": "summarize", "model_revision": stable.revision, "score": 0.82, "samples": 200},
+                {"task": "summarize", "model_revision": slow.revision, "score": 0.71, "samples": 200}]}
+            assert ops.post("/v1/admin/evals", json=table).status_code == 201
+            assert ops.post("/v1/admin/evals", json={"source": "x", "rows": [
+                {"task": "t", "model_revision": "never-approved", "score": 0.5}]}).status_code == 404
+            assert len(ops.get("/v1/admin/evals", params={"task": "summarize"}).json()["data"]) == 2
+            gated = ops.post("/v1/admin/rollouts", json={
+                "alias": alias, "candidate_revision": slow.revision, "steps": [50, 100], "step_duration_s": 600,
+                "guardrails": {"min_samples": 50, "max_eval_score_drop": 0.05}})
+            assert gated.status_code == 201, gated.text
+            gated_id = gated.json()["rollout_id"]
+            ended = wait_until(lambda: (r := view.refresh().rollouts[gated_id]).outcome != "open" and r, 30,
+                               what="the eval guardrail to act")
+            assert ended.outcome == "rolled_back" and ended.history[-1]["figure"] == "eval_score_drop", ended.history
+            assert ended.history[-1]["threshold"] == 0.05 and abs(ended.history[-1]["value"] - 0.11) < 1e-9
     finally:
         loop.halt()
         view.close()

@@ -303,3 +303,61 @@ def test_a_shadow_rollout_serves_stable_and_copies_a_share_to_the_candidate_on_t
     assert handle_requested(client_copy, registry=registry, book=book, now=T0, grace=timedelta(seconds=5),
                             capacity=Free(False))[0][1].event_type == "BudgetReserved", \
         "a tenant's request is never dropped for want of a free slot"
+
+
+def test_a_replaced_candidate_restarts_the_rollout_at_its_first_step_and_a_stale_verdict_is_not_written(view):
+    third = "tiny@third"
+    admin.approve_model(view, alias="tiny-third", model_revision=third, model_path="/m", engine_config_hash=third,
+                        max_model_len=512, actor="ops")
+    rollouts.start(view, alias="tiny", candidate_revision=CANDIDATE, actor="ops", steps=(10.0, 50.0, 100.0),
+                   rollout_id="ro_rep")
+    rollouts.step(view, alias="tiny", actor="ops")
+    rollouts.pause(view, alias="tiny", actor="ops")
+    before = view.refresh().open_rollouts["tiny"]
+    on_candidate = {k for k in KEYS if view.registry.route("tiny", "acme", k).arm == ARM_CANDIDATE}
+    stale, stepped_at = (before.rollout_id, before.step, before.candidate_revision), before.stepped_at
+    for bad, refusal in ((REV, AdminConflict), (CANDIDATE, AdminConflict), ("never@approved", AdminNotFound)):
+        with pytest.raises(refusal):
+            rollouts.replace(view, alias="tiny", candidate_revision=bad, actor="ops")
+
+    rollouts.replace(view, alias="tiny", candidate_revision=third, actor="ops")
+    state = view.refresh().open_rollouts["tiny"]
+    assert (state.candidate_revision, state.step, state.weight_percent, state.paused) == (third, 0, 10.0, None)
+    assert state.stepped_at > stepped_at, "the analysis window starts at the replacement"
+    assert state.history[-1]["event"] == "candidate_replaced" and state.history[-1]["replaced_revision"] == CANDIDATE
+    routed = {k: view.registry.route("tiny", "acme", k) for k in KEYS}
+    now_on = {k for k, r in routed.items() if r.arm == ARM_CANDIDATE}
+    assert now_on < on_candidate, "back at the first step's share, the same callers first"
+    assert {routed[k].model_revision for k in now_on} == {third}
+    with pytest.raises(AdminConflict, match="moved on"):  # a verdict reached on the old candidate
+        rollouts.step(view, alias="tiny", actor="controller", expected=(stale[0], 0, CANDIDATE))
+    rollouts.step(view, alias="tiny", actor="controller", expected=(stale[0], 0, third))
+    assert view.refresh().open_rollouts["tiny"].weight_percent == 50.0
+
+
+def test_eval_tables_are_recorded_whole_or_not_at_all_and_the_latest_row_wins(view):
+    from pipelines import evals
+
+    rows = evals.parse_table("task,model_revision,score,samples\nsummarize,%s,0.8,200\nsummarize,%s,0.7,200\n"
+                             % (REV, CANDIDATE))
+    evals.record(view, rows=rows, source="nightly-1", actor="ops")
+    assert evals.compared(view.refresh(), REV, CANDIDATE) == {"summarize": (0.8, 0.7)}
+    evals.record(view, rows=evals.parse_table('{"task": "summarize", "model_revision": "%s", "score": 0.79}\n'
+                                              '{"task": "qa", "model_revision": "%s", "score": 0.5}' % (CANDIDATE, REV)),
+                 source="nightly-2", actor="ops")
+    assert evals.compared(view.refresh(), REV, CANDIDATE) == {"qa": (0.5, None), "summarize": (0.8, 0.79)}
+    shown = evals.table(view.registry, task="summarize")
+    assert sorted((r["model_revision"], r["score"], r["source"]) for r in shown) == sorted([
+        (CANDIDATE, 0.79, "nightly-2"), (REV, 0.8, "nightly-1")])
+    before = view.registry.evals
+    for bad, said in (([{"task": "t", "model_revision": REV, "score": 1.5}], "score"),
+                      ([{"task": "t", "model_revision": "nope@1", "score": 0.5}], "not approved"),
+                      ([{"task": "t", "model_revision": REV, "score": 0.5}] * 2, "twice"),
+                      ([{"task": "t", "model_revision": REV, "score": 0.5, "extra": 1}], "extra"),
+                      ([], "rows")):
+        with pytest.raises(AdminError, match=said):
+            evals.record(view, rows=bad, source="bad", actor="ops")
+    assert view.refresh().evals == before, "nothing of a refused table is recorded"
+    for text, said in (("", "empty"), ("task,score\nx,1", "model_revision"), ('{"task": 1}\n{oops', "line 2")):
+        with pytest.raises(AdminError, match=said):
+            evals.parse_table(text)

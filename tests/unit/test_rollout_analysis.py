@@ -81,3 +81,19 @@ def test_a_shadow_rollout_with_a_similarity_bar_rolls_back_below_it_and_waits_fo
     assert few.action == "pause" and "5 compared pairs" in few.detail
     assert judge(replace(shadow, guardrails=Guardrails(min_samples=20)), served_both, at(61)).action == "step", \
         "no bar: similarity gates nothing"
+
+
+def test_an_eval_bar_rolls_back_a_candidate_that_scores_too_low_and_pauses_one_without_a_score():
+    gated = rollout()
+    gated.guardrails = Guardrails(min_samples=20, max_eval_score_drop=0.02)
+    clean = served(ARM_STABLE, 30) + served(ARM_CANDIDATE, 25)
+    worse = judge(gated, clean, at(5), evals={"qa": (0.9, 0.9), "summarize": (0.80, 0.70)})
+    assert (worse.action, worse.figure, worse.threshold, worse.value) == ("rollback", "eval_score_drop", 0.02, 0.1)
+    assert "'summarize'" in worse.detail, "before the step's time: an eval breach needs no traffic"
+    assert judge(gated, clean, at(61), evals={"summarize": (0.80, 0.79)}).action == "step", "within the bar"
+    unscored = judge(gated, clean, at(61), evals={"summarize": (0.80, 0.79), "qa": (0.9, None)})
+    assert unscored.action == "pause" and "no candidate score for 'qa'" in unscored.detail
+    nothing = judge(gated, clean, at(61), evals={})
+    assert nothing.action == "pause" and "no score for the stable revision" in nothing.detail
+    assert judge(rollout(), clean, at(61), evals={"summarize": (0.8, 0.1)}).action == "step", \
+        "without the bar, scores gate nothing"
