@@ -251,6 +251,20 @@ def test_the_cli_starts_steps_shows_and_rolls_back_a_rollout_as_json_lines(tmp_p
     code, _, err = cli("route", "drain", REV)
     assert code == 2 and "nowhere else to go" in err
 
+    table = tmp_path / "evals.csv"
+    table.write_text(f"task,model_revision,score,samples\nqa,{REV},0.9,100\nqa,{CANDIDATE},0.8,100\n")
+    code, [uploaded], _ = cli("admin", "eval", "upload", str(table))
+    assert code == 0 and (uploaded["rows"], uploaded["source"]) == (2, "evals.csv")
+    code, shown, _ = cli("admin", "eval", "show", "--revision", CANDIDATE)
+    assert [(r["task"], r["score"]) for r in shown] == [("qa", 0.8)]
+    table.write_text("task,model_revision,score\nqa,nope@1,0.5\n")
+    code, _, err = cli("admin", "eval", "upload", str(table))
+    assert code == 2 and "not approved" in err
+    code, [started], _ = cli("rollout", "start", "tiny", CANDIDATE, "--max-eval-score-drop", "0.05")
+    assert code == 0 and started["guardrails"]["max_eval_score_drop"] == 0.05
+    code, _, err = cli("rollout", "replace", "tiny", CANDIDATE)
+    assert code == 2 and "candidate already" in err
+
 
 def test_a_shadow_rollout_serves_stable_and_copies_a_share_to_the_candidate_on_the_platform_s_account(view):
     from models import topics
