@@ -37,6 +37,8 @@ def model_dir(home: str | Path) -> Path:
 
 
 class Embedder:
+    dim = 384  # all-MiniLM-L6-v2's embedding width
+
     def __init__(self, directory: str | Path):
         self._directory = str(directory)
         self._lock = threading.Lock()

@@ -1,0 +1,245 @@
+"""A semantic cache of answers, partitioned exactly before any vector search.
+
+A lookup first names its partition: a SHA-256 of the tenant, the revision, everything
+that shapes the answer besides the last user turn (system prompt, tools, response format,
+every prior turn) and the sampling parameters (an omitted temperature counts as 1.0).
+Only entries of that partition are searched, so embedding distance is never what keeps
+tenants, system prompts or sampling settings apart. Within it, the nearest entry by
+cosine similarity of the prompts' embeddings (a faiss inner-product index over unit
+vectors) is a hit when it reaches the threshold: the platform's floor, or higher where a
+tenant's policy raises it (never lower).
+
+Only deterministic sampling is cacheable (temperature 0), unless the tenant's policy opts
+in to caching sampled answers. Entries hold text, so they live in memory beside the
+bounded-retention text, never on a durable topic; each expires after its TTL, an
+invalidation (an admin event: the registry's epoch for the tenant and alias moves on)
+makes every older entry of the tenant and alias dead, and `purge_tenant` deletes a
+tenant's entries with its text. Entries per tenant are bounded; the oldest go first.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from models.events import canonical
+
+PLATFORM_FLOOR = 0.92  # the least similarity a hit may have, whatever a tenant asks for
+FLAT_LIMIT = 4096  # a partition searched exactly up to this many entries, by HNSW beyond
+SEARCH_K = 8  # neighbours looked at, so a dead or expired nearest one does not hide a live one
+REBUILD_DEAD_SHARE = 0.5  # an index rebuilt once this share of its entries is dead
+
+
+class Embedder(Protocol):
+    dim: int
+
+    def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+def sampling_key(sampling: dict) -> dict:
+    """The sampling parameters as they shape an answer: omitted ones at their defaults."""
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "seed": None, "stop": None, "max_output_tokens": None,
+                "ignore_eos": False}
+    return {name: sampling.get(name, default) if sampling.get(name) is not None else default
+            for name, default in defaults.items()}
+
+
+def partition_key(tenant_id: str, model_revision: str, *, context: object, sampling: dict) -> str:
+    """The exact partition a prompt is cached and looked up in. `context`: all that shapes
+    the answer besides the prompt embedded (system prompt, tools, response format, prior
+    turns), as JSON-able data."""
+    return hashlib.sha256(canonical({"v": 1, "tenant": tenant_id, "revision": model_revision, "context": context,
+                                     "sampling": sampling_key(sampling)})).hexdigest()
+
+
+def cacheable(sampling: dict, *, sampled_too: bool = False) -> bool:
+    """Whether an answer under these sampling parameters may be cached and served again."""
+    return sampled_too or sampling_key(sampling)["temperature"] == 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    entry_id: str
+    tenant_id: str
+    alias: str
+    partition: str
+    prompt: str
+    answer: str
+    output_tokens: int
+    input_tokens: int
+    finish_reason: str
+    created_s: float
+    expires_s: float
+    epoch: int
+    source_request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A lookup's outcome: the entry hit (None on a miss) and the nearest live similarity
+    seen (None when the partition held nothing live), for near-miss figures."""
+
+    entry: Entry | None
+    similarity: float | None
+    threshold: float
+
+
+class _Partition:
+    """One partition's vectors and their index (exact while small, HNSW once large)."""
+
+    def __init__(self, dim: int):
+        self.dim, self.dead = dim, 0
+        self.ids: list[str] = []  # the index's row -> entry id
+        self.vectors: list[np.ndarray] = []
+        self.index = self._new_index(0)
+
+    def _new_index(self, size: int):
+        import faiss
+
+        if size <= FLAT_LIMIT:
+            return faiss.IndexFlatIP(self.dim)
+        index = faiss.IndexHNSWFlat(self.dim, 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = 64
+        return index
+
+    def add(self, entry_id: str, vector: np.ndarray) -> None:
+        self.ids.append(entry_id)
+        self.vectors.append(vector)
+        if len(self.ids) == FLAT_LIMIT + 1:
+            self.rebuild(None)  # from here on, HNSW
+        else:
+            self.index.add(vector.reshape(1, -1))
+
+    def rebuild(self, live: set[str] | None) -> None:
+        """A fresh index of the live entries (all, with None)."""
+        keep = [(i, v) for i, v in zip(self.ids, self.vectors) if live is None or i in live]
+        self.ids, self.vectors = [i for i, _ in keep], [v for _, v in keep]
+        self.index = self._new_index(len(keep))
+        if keep:
+            self.index.add(np.stack(self.vectors))
+        self.dead = 0
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[float, str]]:
+        if not self.ids:
+            return []
+        scores, rows = self.index.search(vector.reshape(1, -1), min(k, len(self.ids)))
+        return [(float(s), self.ids[r]) for s, r in zip(scores[0], rows[0]) if r >= 0]
+
+
+class SemanticCache:
+    def __init__(self, embedder: Embedder, *, floor: float = PLATFORM_FLOOR, max_entries_per_tenant: int = 100_000,
+                 clock=time.monotonic):
+        self._embedder, self.floor, self._max = embedder, floor, max_entries_per_tenant
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, Entry] = {}
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # insertion order: the oldest first
+        self._partitions: dict[str, _Partition] = {}
+
+    def threshold(self, tenant_threshold: float | None) -> float:
+        """The similarity a hit needs: a tenant may raise the platform's floor, not lower it."""
+        return self.floor if tenant_threshold is None else max(self.floor, tenant_threshold)
+
+    def _vector(self, text: str) -> np.ndarray:
+        return np.asarray(self._embedder.embed([text])[0], dtype="float32")
+
+    def lookup(self, *, partition: str, prompt: str, epoch: int = 0, tenant_threshold: float | None = None,
+               vector: np.ndarray | None = None) -> Lookup:
+        threshold = self.threshold(tenant_threshold)
+        vector = self._vector(prompt) if vector is None else vector
+        now = self._clock()
+        with self._lock:
+            found = self._partitions.get(partition)
+            if found is None:
+                return Lookup(None, None, threshold)
+            best = None
+            for score, entry_id in found.search(vector, SEARCH_K):
+                entry = self._entries.get(entry_id)
+                if entry is None or entry.expires_s <= now or entry.epoch < epoch:
+                    continue
+                best = (score, entry)
+                break  # the results come nearest first
+        if best is None:
+            return Lookup(None, None, threshold)
+        score = min(1.0, best[0])
+        return Lookup(best[1] if score >= threshold else None, score, threshold)
+
+    def insert(self, *, tenant_id: str, alias: str, partition: str, prompt: str, answer: str, output_tokens: int,
+               input_tokens: int, finish_reason: str, ttl_s: float, epoch: int = 0,
+               source_request_id: str | None = None, vector: np.ndarray | None = None) -> Entry:
+        vector = self._vector(prompt) if vector is None else vector
+        now = self._clock()
+        entry = Entry("ce_" + uuid.uuid4().hex[:20], tenant_id, alias, partition, prompt, answer, output_tokens,
+                      input_tokens, finish_reason, now, now + ttl_s, epoch, source_request_id)
+        with self._lock:
+            part = self._partitions.get(partition)
+            if part is None:
+                part = self._partitions[partition] = _Partition(len(vector))
+            part.add(entry.entry_id, vector)
+            self._entries[entry.entry_id] = entry
+            owned = self._by_tenant.setdefault(tenant_id, OrderedDict())
+            owned[entry.entry_id] = None
+            while len(owned) > self._max:
+                self._drop(next(iter(owned)))
+        return entry
+
+    def _drop(self, entry_id: str) -> None:
+        entry = self._entries.pop(entry_id, None)
+        if entry is None:
+            return
+        self._by_tenant.get(entry.tenant_id, {}).pop(entry_id, None)
+        part = self._partitions.get(entry.partition)
+        if part is None:
+            return
+        part.dead += 1
+        live = len(part.ids) - part.dead
+        if live == 0:
+            del self._partitions[entry.partition]
+        elif part.dead >= REBUILD_DEAD_SHARE * len(part.ids):
+            part.rebuild({i for i in part.ids if i in self._entries})
+
+    def purge_tenant(self, tenant_id: str, alias: str | None = None) -> int:
+        """Deletes the tenant's entries (of one alias, or all); returns how many."""
+        with self._lock:
+            doomed = [e for e in self._by_tenant.get(tenant_id, {}) if alias is None
+                      or self._entries[e].alias == alias]
+            for entry_id in doomed:
+                self._drop(entry_id)
+            return len(doomed)
+
+    def expire(self) -> int:
+        """Drops the entries past their TTL; returns how many."""
+        now = self._clock()
+        with self._lock:
+            doomed = [e.entry_id for e in self._entries.values() if e.expires_s <= now]
+            for entry_id in doomed:
+                self._drop(entry_id)
+            return len(doomed)
+
+    def size(self, tenant_id: str | None = None) -> int:
+        with self._lock:
+            return len(self._entries) if tenant_id is None else len(self._by_tenant.get(tenant_id, ()))
+
+
+class HashingEmbedder:
+    """A deterministic stand-in for tests: a bag of lower-cased words hashed into `dim`
+    buckets, normalised. The same words in any order embed the same; no shared word, ~0."""
+
+    def __init__(self, dim: int = 256):
+        self.dim = dim
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        out = []
+        for text in texts:
+            v = np.zeros(self.dim, dtype="float32")
+            for word in "".join(c.lower() if c.isalnum() else " " for c in text).split():
+                v[int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "big") % self.dim] += 1.0
+            norm = float(np.linalg.norm(v))
+            out.append((v / norm if norm else v).tolist())
+        return out
