@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pipelines import artifacts
 from workers.engine import EngineMismatch
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
@@ -106,8 +107,9 @@ class EngineSlot:
     key: tuple | None = None
     factory: type = VllmBatchEngine
 
-    def get(self, *, model_path: str, max_model_len: int, pinned_hash: str) -> BatchEngine:
-        key = (model_path, max_model_len, pinned_hash)
+    def get(self, *, model_path: str, max_model_len: int, pinned_hash: str,
+            artifact_manifest: str | None = None) -> BatchEngine:
+        key = (model_path, max_model_len, pinned_hash, artifact_manifest)
         if self.engine is not None and self.key == key:
             return self.engine
         config = VllmEngineConfig(model=Path(model_path), max_model_len=max_model_len, **self.capacity)
@@ -115,6 +117,14 @@ class EngineSlot:
         if actual != pinned_hash:
             raise EngineMismatch(f"this worker's engine config hashes to {actual}, but the batch pinned "
                                  f"{pinned_hash}: the outputs would not be that revision's")
+        if artifact_manifest is not None:
+            try:
+                found = artifacts.manifest_digest(artifacts.artifact_digests(Path(model_path)))
+            except artifacts.ArtifactError as exc:
+                raise EngineMismatch(str(exc)) from None
+            if found != artifact_manifest:
+                raise EngineMismatch(f"the files in {model_path} are not the ones the revision was approved with "
+                                     f"(manifest {found[:12]}, approved {artifact_manifest[:12]})")
         self.drop()
         logger.info("starting the batch engine for %s", model_path)
         self.engine, self.key = self.factory(config), key

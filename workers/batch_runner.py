@@ -52,6 +52,7 @@ class ChunkTask:
     input_key: str
     part_key: str
     summarization: dict | None = None
+    artifact_manifest: str | None = None  # tasks queued before approvals recorded files carry none
 
 
 def report(log: EventLog, task: ChunkTask, payload: Payload) -> None:
@@ -83,7 +84,7 @@ def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: En
         rows = read_table(store, task.input_key).to_pylist()
         try:
             engine = engines.get(model_path=task.model_path, max_model_len=task.max_model_len,
-                                 pinned_hash=task.engine_config_hash)
+                                 pinned_hash=task.engine_config_hash, artifact_manifest=task.artifact_manifest)
             if task.summarization:
                 out, usage = _summaries(task, rows, engine, store)
             else:

@@ -31,6 +31,7 @@ from models.events_batch import (
     BatchValidated, BatchWindowElapsed, RequestCounts,
 )
 from models.registry import Registry
+from pipelines import artifacts
 from pipelines.admission import cost_micros
 from pipelines.batch.finalize import _JsonlOut, finalize_requests, finalize_summaries
 from pipelines.batch.queue import ChunkQueue
@@ -218,6 +219,9 @@ class Reconciler:
             "part_key": keys.summary_part_key(spec.output_prefix, chunk.index) if spec
             else keys.part_key(batch.tenant_id, batch.batch_id, chunk.index),
             "summarization": spec.model_dump(mode="json") if spec else None,
+            # the approved files, as one digest: a batch worker refuses a directory that differs
+            "artifact_manifest": (artifacts.manifest_digest(revision.artifact_digests)
+                                  if revision.artifact_digests else None),
         }
 
     def _finalize(self, batch: BatchState, emit: Callable) -> None:

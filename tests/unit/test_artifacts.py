@@ -152,3 +152,28 @@ def test_model_approve_digests_the_configured_model_and_serve_worker_refuses_it_
     refused = workers("serve", "worker", "--revision", revision)
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     assert "model.safetensors changed" in refused.stderr and "approve them as a new revision" in refused.stderr
+
+
+def test_a_batch_worker_refuses_an_approved_revision_whose_files_changed(model):
+    from workers.batch_engine import EngineSlot
+    from workers.engine import EngineMismatch
+    from workers.vllm_engine import VllmEngineConfig, engine_config_hash
+
+    class Engine:
+        def close(self):
+            pass
+
+    made = []
+    slot = EngineSlot({}, factory=lambda config: made.append(config) or Engine())
+    pinned = engine_config_hash(VllmEngineConfig(model=model, max_model_len=64))
+    manifest = artifacts.manifest_digest(artifacts.artifact_digests(model))
+    slot.get(model_path=str(model), max_model_len=64, pinned_hash=pinned, artifact_manifest=manifest)
+    assert len(made) == 1
+    # The config hash samples the top-level files (large ones at both ends); the digests
+    # cover every byte of every file, a subdirectory's too.
+    (model / "tok" / "tokenizer.json").write_text('{"vocab": {"x": 1}}')
+    assert engine_config_hash(VllmEngineConfig(model=model, max_model_len=64)) == pinned
+    slot.drop()
+    with pytest.raises(EngineMismatch, match="not the ones the revision was approved with"):
+        slot.get(model_path=str(model), max_model_len=64, pinned_hash=pinned, artifact_manifest=manifest)
+    assert len(made) == 1, "no engine started on the changed files"

@@ -1,0 +1,129 @@
+"""Semantic cache figures: lookup latency at 10k and 100k entries in one tenant's partition,
+the embedding time of one prompt, and hit and false-hit rates on the paraphrase set
+(`tests/perf/paraphrases.jsonl`, how it was built in `paraphrases.md`) at a few thresholds.
+
+    .venv/bin/python -m tests.perf.bench_semantic_cache [--home DIR] [--sizes 10000,100000]
+
+Lookups search vectors inserted directly (random unit vectors of the embedder's width), so
+the figure is the index's and the cache's bookkeeping, not the embedder's; the embedding
+time is measured on its own. The false-hit rate's 95 % upper bound is the exact
+(Clopper-Pearson) one. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.semantic_cache import SemanticCache
+from pipelines.similarity import Embedder, model_dir
+
+HERE = Path(__file__).parent
+THRESHOLDS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96)
+
+
+def quantiles(values: list[float]) -> dict:
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]  # noqa: E731
+    return {"p50_ms": round(pick(0.50) * 1000, 3), "p99_ms": round(pick(0.99) * 1000, 3)}
+
+
+def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """The exact one-sided upper bound on a binomial rate after k of n (Clopper-Pearson)."""
+    if k >= n:
+        return 1.0
+    alpha = 1 - confidence
+
+    def cdf(p: float) -> float:
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > alpha else (lo, mid)
+    return hi
+
+
+class _Unused:
+    dim = 384
+
+    def embed(self, texts):
+        raise AssertionError("lookups here pass their vectors")
+
+
+def lookup_latency(size: int, dim: int = 384, probes: int = 2000) -> dict:
+    rng = np.random.default_rng(size)
+    vectors = rng.normal(size=(size, dim)).astype("float32")
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    cache = SemanticCache(_Unused(), max_entries_per_tenant=size)
+    started = time.perf_counter()
+    for i, v in enumerate(vectors):
+        cache.insert(tenant_id="acme", alias="chat", partition="p", prompt="", answer="a", output_tokens=1,
+                     input_tokens=1, finish_reason="stop", ttl_s=3600, vector=v)
+    inserted_s = time.perf_counter() - started
+    times, hits = [], 0
+    for i in range(probes):
+        probe = vectors[rng.integers(size)] + rng.normal(scale=0.01, size=dim).astype("float32")
+        probe /= np.linalg.norm(probe)
+        t0 = time.perf_counter()
+        found = cache.lookup(partition="p", prompt="", vector=probe)
+        times.append(time.perf_counter() - t0)
+        hits += found.entry is not None
+    return {"entries": size, "insert_all_s": round(inserted_s, 2), **quantiles(times), "probes": probes,
+            "near_duplicate_hits": hits}
+
+
+def paraphrase_rates(embedder, rows: list[dict]) -> dict:
+    anchors = embedder.embed([r["anchor"] for r in rows])
+    probes = embedder.embed([r["probe"] for r in rows])
+    sims = [float(np.dot(a, b)) for a, b in zip(anchors, probes)]
+    paraphrase = [s for s, r in zip(sims, rows) if r["label"] == "paraphrase"]
+    negatives = [(s, r["kind"]) for s, r in zip(sims, rows) if r["label"] == "hard_negative"]
+    out = {"paraphrases": len(paraphrase), "hard_negatives": len(negatives), "by_threshold": []}
+    for t in THRESHOLDS:
+        false = sum(s >= t for s, _ in negatives)
+        kinds = sorted({k for _, k in negatives})
+        out["by_threshold"].append({
+            "threshold": t, "hit_rate": round(sum(s >= t for s in paraphrase) / len(paraphrase), 3),
+            "false_hit_rate": round(false / len(negatives), 4),
+            "false_hit_upper_95": round(upper_bound(false, len(negatives)), 4),
+            "false_hits_by_kind": {k: sum(s >= t for s, kk in negatives if kk == k) for k in kinds}})
+    out["median_similarity"] = {"paraphrase": round(statistics.median(paraphrase), 3),
+                                "hard_negative": round(statistics.median(s for s, _ in negatives), 3)}
+    return out
+
+
+def embedding_latency(embedder, texts: list[str]) -> dict:
+    embedder.embed(texts[:4])  # loaded and warm
+    times = []
+    for text in texts:
+        t0 = time.perf_counter()
+        embedder.embed([text])
+        times.append(time.perf_counter() - t0)
+    return {"prompts": len(texts), **quantiles(times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--home", type=Path, default=None, help="where the MiniLM model is unpacked")
+    parser.add_argument("--sizes", default="10000,100000")
+    args = parser.parse_args()
+    home = args.home or Path(tempfile.mkdtemp(prefix="ledgerlm-cache-bench-"))
+    rows = [json.loads(line) for line in (HERE / "paraphrases.jsonl").read_text().splitlines() if line.strip()]
+    embedder = Embedder(model_dir(home))
+    result = {
+        "embedding": embedding_latency(embedder, [r["probe"] for r in rows][:200]),
+        "paraphrase_set": paraphrase_rates(embedder, rows),
+        "lookup": [lookup_latency(int(n)) for n in args.sizes.split(",")],
+    }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
