@@ -22,7 +22,10 @@ def events(client, request_id: str, last_event_id: str | None = None) -> list:
         return list(sse_frames(response))
 
 
-def test_a_dropped_stream_resumes_live_with_no_gap_and_no_duplicate(platform):
+def test_a_dropped_stream_resumes_live_with_no_gap_and_no_duplicate(platform, monkeypatch):
+    # The grace a client has to come back: long enough for a loaded host to see the drop
+    # and the reconnect in turn (the deployed 2 s is a setting, tested on its own).
+    monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 15.0)
     _, secret = platform.tenant()
     with platform.client(secret) as client:
         with client.stream("POST", "/v1/generations", json=BODY) as response:

@@ -19,7 +19,10 @@ from tests.fleet_pool import assert_ended_and_settled_once, ledger_kinds, of_ten
 
 PAUSE_S, TOKENS = 0.05, 20  # a request holds a slot about 1 s
 WORKERS, SLOTS = 3, 2  # 6 slots: about 6 requests/s; two workers serve about 4/s
-PER_S, HIGH_EVERY = 4.8, 5  # offered: 4.8 requests/s, every fifth high (about 1/s)
+PER_S, HIGH_EVERY = 4.8, 5  # offered after the kill: 4.8 requests/s, every fifth high (about 1/s)
+# Before it, 4 a second: two thirds of three workers, so a loaded host's slower steps (a
+# Kafka client's poll held up a second) do not push normal work to its bound yet.
+PER_S_BEFORE = 4.0
 BEFORE_S, AFTER_S = 8.0, 14.0  # offered load before the kill and after it
 # Normal work may wait 1.5 per live slot (9 for three workers, 6 for two), high twice that.
 BOUND = QueueBound(per_slot=1.5, floor=0)
@@ -79,18 +82,18 @@ def test_killing_one_of_three_sheds_normal_while_high_keeps_its_queue_time(platf
 
     sent: list[Sent] = []
     with ThreadPoolExecutor(48) as clients:
-        def offer(seconds: float) -> None:
-            """Open load: one request every 1/PER_S s, whatever the answers, as clients would."""
+        def offer(seconds: float, per_s: float) -> None:
+            """Open load: one request every 1/per_s s, whatever the answers, as clients would."""
             start = time.monotonic()
-            for i in range(int(seconds * PER_S)):
-                time.sleep(max(0.0, start + i / PER_S - time.monotonic()))  # the load's pace, not a wait
+            for i in range(int(seconds * per_s)):
+                time.sleep(max(0.0, start + i / per_s - time.monotonic()))  # the load's pace, not a wait
                 priority = "high" if len(sent) % HIGH_EVERY == 0 else "normal"
                 sent.append(Sent(priority, time.monotonic(), clients.submit(post, priority)))
 
-        offer(BEFORE_S)
+        offer(BEFORE_S, PER_S_BEFORE)
         killed_at = time.monotonic()
         doomed.halt()  # a crash: no goodbye, heartbeats stop, its group membership ends
-        offer(AFTER_S)
+        offer(AFTER_S, PER_S)
         answers = [(s, s.answer.result(timeout=120)) for s in sent]  # nothing hangs
 
     def code(answer) -> str:
