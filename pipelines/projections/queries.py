@@ -212,8 +212,8 @@ def audit_events(db: Engine | Connection, *, tenant_id: str | None, since: datet
     return page, ((utc(last.occurred_at), last.topic, last.partition, last.offset) if last is not None else None)
 
 
-ROLLOUT_EVENTS = ("RolloutStarted", "RolloutStepped", "RolloutPaused", "RolloutResumed", "RolloutPromoted",
-                  "RolloutRolledBack")
+ROLLOUT_EVENTS = ("RolloutStarted", "RolloutStepped", "RolloutCandidateReplaced", "RolloutPaused",
+                  "RolloutResumed", "RolloutPromoted", "RolloutRolledBack")
 
 
 def rollout_history(db: Engine | Connection, rollout_id: str) -> list[dict[str, Any]]:

@@ -38,7 +38,8 @@ def test_admin_cli_manages_tenants_keys_limits_and_models(tmp_path):
 
     approved = ledgerlm(tmp_path, "model", "approve", "--alias", "tiny", "--revision", "tiny@abc", "--path", "/m",
                         "--config-hash", "abc", "--max-model-len", "512", "--price-input-per-1k-micros", "1000")
-    assert lines(approved) == [{"alias": "tiny", "model_revision": "tiny@abc"}]
+    # "/m" is not a directory here, so no file digests are on record and the answer says so.
+    assert lines(approved) == [{"alias": "tiny", "model_revision": "tiny@abc", "artifacts": None}]
     assert lines(ledgerlm(tmp_path, "model", "alias", "tiny-acme", "tiny@abc", "--tenants", "acme")) == [
         {"alias": "tiny-acme", "model_revision": "tiny@abc"}]
 

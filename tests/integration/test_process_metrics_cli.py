@@ -129,6 +129,7 @@ def test_a_worker_process_that_admits_serves_worker_and_admission_metrics(tmp_pa
     home = tmp_path / "home"
     model = tmp_path / "model"
     model.mkdir()
+    (model / "weights.bin").write_bytes(b"a fake engine reads nothing here")  # approval digests the files
     port = free_port()
     env = environment(home, LEDGERLM_METRICS_PORT=str(port), LEDGERLM_MODEL=str(model), LEDGERLM_WORKER_ADMITS="1",
                       LEDGERLM_ENGINE_FACTORY=f"{__name__}:DeployedFakeEngine.from_settings")
