@@ -28,8 +28,10 @@ from models.events_rollout import (
 from models.quota import Limits
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, RolloutState, Route, apply_rollout
 
-ROLLOUT_EVENTS = (RolloutStarted, RolloutStepped, RolloutPaused, RolloutResumed, RolloutPromoted, RolloutRolledBack,
-                  RolloutCandidateReplaced, RevisionDrained)
+# A rollout's own history (its subject is the rollout), then what the registry also applies.
+ROLLOUT_STEPS = (RolloutStarted, RolloutStepped, RolloutPaused, RolloutResumed, RolloutPromoted, RolloutRolledBack,
+                 RolloutCandidateReplaced)
+ROLLOUT_EVENTS = (*ROLLOUT_STEPS, RevisionDrained)
 
 
 def hash_secret(secret: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, and_, case, func, select, tuple_
 
 from models.quota import Limits
+from models.registry import ROLLOUT_STEPS
 from models.tables import admin_changes, audit_trail, batch_chunks, batches, generations, open_reservations, quota_usage, \
     tenant_limits, usage_ledger
 from pipelines.projections.generations import utc
@@ -212,8 +213,7 @@ def audit_events(db: Engine | Connection, *, tenant_id: str | None, since: datet
     return page, ((utc(last.occurred_at), last.topic, last.partition, last.offset) if last is not None else None)
 
 
-ROLLOUT_EVENTS = ("RolloutStarted", "RolloutStepped", "RolloutCandidateReplaced", "RolloutPaused",
-                  "RolloutResumed", "RolloutPromoted", "RolloutRolledBack")
+ROLLOUT_EVENTS = tuple(e.event_type for e in ROLLOUT_STEPS)  # the registry's list, so none is missed
 
 
 def rollout_history(db: Engine | Connection, rollout_id: str) -> list[dict[str, Any]]:
