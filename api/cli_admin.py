@@ -122,6 +122,21 @@ def add_admin_parser(sub) -> None:
     show = evals.add_parser("show", help="each task and revision's latest score")
     show.add_argument("--task")
     show.add_argument("--revision")
+    cache = what.add_parser("cache", help="a tenant's semantic cache per alias (off until turned on)") \
+        .add_subparsers(dest="action", required=True)
+    policy = cache.add_parser("set", help="turn a tenant's cache for an alias on or off; unset options stay")
+    policy.add_argument("tenant_id")
+    policy.add_argument("alias")
+    policy.add_argument("--off", action="store_true", help="turn it off (default: on)")
+    policy.add_argument("--threshold", type=float, help="the similarity a hit needs (at least the platform's floor)")
+    policy.add_argument("--ttl-s", type=int, help="how long an answer is served (default 3600)")
+    policy.add_argument("--sampled-too", type=_yes_no, help="cache answers sampled above temperature 0: yes or no")
+    policy.add_argument("--price-output-per-1k-micros", type=int, help="what a hit costs per 1000 output tokens")
+    dead = cache.add_parser("invalidate", help="every answer cached so far for the tenant (and alias) is dead")
+    dead.add_argument("tenant_id")
+    dead.add_argument("--alias")
+    dead.add_argument("--reason")
+    cache.add_parser("show", help="the tenant's cache policies").add_argument("tenant_id")
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
@@ -225,6 +240,26 @@ def _run(admin, view, args, actor: str, settings: Settings):
         yield {"alias": args.alias, "deleted": True}
     elif what == "eval":
         yield from _eval_lines(view, args, actor)
+    elif what == "cache":
+        yield from _cache_lines(view, args, actor)
+
+
+def _cache_lines(view, args, actor: str):
+    from pipelines import cache_admin
+
+    if args.action == "set":
+        env = cache_admin.set_policy(view, tenant_id=args.tenant_id, alias=args.alias, actor=actor,
+                                     enabled=not args.off, operator=True, threshold=args.threshold,
+                                     ttl_s=args.ttl_s, sampled_too=args.sampled_too,
+                                     price_output_per_1k_micros=args.price_output_per_1k_micros)
+        yield env.payload.model_dump(exclude={"actor"})
+    elif args.action == "invalidate":
+        cache_admin.invalidate(view, tenant_id=args.tenant_id, alias=args.alias, actor=actor, reason=args.reason)
+        yield {"tenant_id": args.tenant_id, "model_alias": args.alias, "invalidated": True}
+    else:
+        registry = view.refresh()
+        cache_admin.check(registry, args.tenant_id, None)
+        yield from cache_admin.policies(registry, args.tenant_id)
 
 
 def _eval_lines(view, args, actor: str):

@@ -20,6 +20,7 @@ from pipelines.admin import RegistryView
 from pipelines.eventlog import EventLog
 from pipelines.fleet import FleetView
 from pipelines.request_index import RequestIndex
+from pipelines.semantic_cache import AnswerCache, embedder_for
 from pipelines.tokencount import TokenCounter
 
 
@@ -42,6 +43,7 @@ class Services:
     fleet: FleetView | None = None  # the workers serving now, from the fleet topic
     digests: TenantDigests | None = None  # keys prompt digests per tenant (settings' digest_key)
     log_watch: LogWatch | None = None  # whether the log is known to be away (its looks run in the app)
+    cache: AnswerCache | None = None  # the semantic cache, where tenants' policies turn it on
 
     def __post_init__(self) -> None:
         self.digests = self.digests or TenantDigests.from_settings(self.settings)
@@ -50,6 +52,9 @@ class Services:
         self.index = self.index or RequestIndex(self.log)
         self.history = self.history or StreamHistory(self.log)
         self.log_watch = self.log_watch or LogWatch(self.log)
+        self.cache = self.cache or AnswerCache(embedder_for(self.settings),
+                                               max_entries_per_tenant=self.settings.cache_max_entries_per_tenant)
+        self.metrics.cache = self.cache
         if self.disconnect_grace_s is None:
             self.disconnect_grace_s = self.settings.disconnect_grace_s
         self.reaper = self.reaper or DisconnectReaper(self.log, self.hub, self.metrics,

@@ -21,11 +21,13 @@ from api.errors import ApiError, ClientGone, rejection_error
 from api.request_stream import RequestStream, StreamTimeout
 from api.stream_hub import StreamEvent
 from models import topics
-from models.events_generation import GenerationRejected
+from models.events import caused_by
+from models.events_generation import CacheHit, GenerationCompleted, GenerationRejected, Timings, TokensEmitted
 from models.registry import Principal
 from pipelines import idempotency
 from pipelines.eventlog import partition_for
 from pipelines.request_index import RequestInfo
+from pipelines.routing import publish
 from pipelines.submission import SubmitGeneration, Submitted, submit_generation
 
 
@@ -93,11 +95,16 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     start = hub.position(partition_for(cmd.request_id, hub.partitions))
     sub = hub.subscribe(tenant_id, cmd.request_id)  # before submitting: no event can slip past
     tracker = svc.metrics.track(tenant_id, pool_of(cmd.priority), t0)
-    stream = RequestStream(sub, after=start - 1, on_event=tracker.on_event, on_close=tracker.close)
+    filler = CacheFiller(svc.cache)
+
+    def on_event(event: StreamEvent) -> None:
+        tracker.on_event(event)
+        filler.on_event(event)
+    stream = RequestStream(sub, after=start - 1, on_event=on_event, on_close=tracker.close)
     submitting = asyncio.ensure_future(asyncio.to_thread(
         submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
         counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
-        fleet=svc.fleet, digests=svc.digests))
+        fleet=svc.fleet, digests=svc.digests, cache=svc.cache))
     try:
         try:
             submitted = await outage.within(submitting, decide_by, "The event log", svc.log_watch)
@@ -109,8 +116,11 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
             if other is not None:
                 stream.close()
                 return await replay_generation(svc, tenant_id, other, request=request)
+        filler.query = submitted.cache_query
         wait_s = _wait_s(svc, submitted.request.deadline_at)
         first = await unless_gone(_first_event(svc, stream, decide_by, wait_s), request)
+        if isinstance(first.env.payload, CacheHit) and submitted.cached is not None:
+            await asyncio.to_thread(serve_cached, svc, first.env, submitted.cached)
     except ClientGone:
         svc.reaper.client_gone(stream)
         raise
@@ -134,6 +144,42 @@ async def _tokenizer_loaded(svc: Services, principal: Principal, cmd: SubmitGene
     revision = svc.registry_view.registry.resolve_alias(cmd.model_alias, principal.tenant_id)
     if revision is not None and not svc.counter.loaded(revision.model_path):
         await asyncio.to_thread(svc.counter.warm, [revision.model_path])
+
+
+class CacheFiller:
+    """Keeps a generation's text as its stream is handed out and, when it completes, puts
+    its answer in the semantic cache under the request's own look (`query`; None: the
+    request was not to be cached, or was answered from the cache)."""
+
+    def __init__(self, cache):
+        self.cache, self.query = cache, None
+        self._text: list[str] = []
+
+    def on_event(self, event: StreamEvent) -> None:
+        if self.query is None:
+            return
+        p = event.env.payload
+        if isinstance(p, TokensEmitted):
+            self._text.append(p.text)
+        elif isinstance(p, GenerationCompleted) and not p.cached:
+            self.cache.fill(self.query, answer="".join(self._text), output_tokens=p.output_tokens,
+                            input_tokens=p.input_tokens, finish_reason=p.finish_reason,
+                            source_request_id=p.request_id)
+            self.query = None
+
+
+def serve_cached(svc: Services, hit_env, entry) -> None:
+    """After admission accepted a cache hit (`CacheHit`): the cached answer on the request's
+    stream, as one tokens event and a completion saying it was cached, for its client and
+    for anyone who reads the stream again."""
+    hit: CacheHit = hit_env.payload
+    tokens = caused_by(hit_env, TokensEmitted(request_id=hit.request_id, seq=0, text=entry.answer,
+                                              token_count=hit.saved_output_tokens))
+    done = caused_by(hit_env, GenerationCompleted(
+        request_id=hit.request_id, finish_reason=hit.finish_reason, input_tokens=hit.input_tokens,
+        output_tokens=hit.saved_output_tokens, model_revision=hit.model_revision,
+        output_sha256=svc.digests.hexdigest(hit_env.tenant_id, entry.answer), timings=Timings(), cached=True))
+    publish(svc.log, topics.STREAM, [tokens, done])
 
 
 class _Undecided(Exception):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -44,7 +44,9 @@ class ApiMetrics:
         self.client_gone = Counter("ledgerlm_client_gone", "Streams cancelled because their client went away",
                                    registry=r)
         self.fleet = None  # the API's FleetView (api.deps sets it): read at scrape time
+        self.cache = None  # the API's AnswerCache (api.deps sets it): read at scrape time
         r.register(_FleetCollector(self))
+        r.register(_CacheCollector(self))
 
     def track(self, tenant_id: str, pool: str, started_at: float) -> "Tracker":
         return Tracker(self, tenant_id, pool, started_at)
@@ -87,6 +89,37 @@ class _FleetCollector(Collector):
             families["ledgerlm_fleet_running"].add_metric(list(key), capacity.running)
             families["ledgerlm_fleet_waiting"].add_metric(list(key), capacity.waiting)
         return list(families.values())
+
+
+class _CacheCollector(Collector):
+    """The semantic cache's lookups per tenant and alias: hits, misses, and how near the
+    nearest entry of a miss was (a histogram of similarity), so a tenant's threshold can be
+    judged from how many misses fell just short of it."""
+
+    def __init__(self, metrics: ApiMetrics):
+        self._metrics = metrics
+
+    def collect(self):
+        from pipelines.semantic_cache import NEAR_MISS_BUCKETS
+
+        cache = self._metrics.cache
+        if cache is None:
+            return []
+        labels = ["tenant", "alias"]
+        lookups = CounterMetricFamily("ledgerlm_cache_lookups", "Semantic cache lookups, by outcome",
+                                      labels=[*labels, "outcome"])
+        near = HistogramMetricFamily("ledgerlm_cache_near_miss_similarity",
+                                     "Similarity of the nearest live entry, on misses that had one", labels=labels)
+        for (tenant, alias), counts in sorted(cache.counts.items()):
+            lookups.add_metric([tenant, alias, "hit"], counts.hits)
+            lookups.add_metric([tenant, alias, "miss"], counts.misses)
+            running, buckets = 0, []
+            for top, count in zip(NEAR_MISS_BUCKETS, counts.near_misses):
+                running += count
+                buckets.append((str(top), running))
+            buckets[-1] = ("+Inf", running)
+            near.add_metric([tenant, alias], buckets, None)
+        return [lookups, near]
 
 
 class Tracker:

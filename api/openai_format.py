@@ -11,15 +11,16 @@ from typing import Literal
 from api.sse import frame
 from api.stream_hub import StreamEvent
 from models.events_generation import (
-    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationStarted, TokensEmitted,
+    CacheHit, GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationStarted, TokensEmitted,
 )
 
 Kind = Literal["chat", "text"]
 
 
-def usage_json(input_tokens: int, output_tokens: int) -> dict:
-    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens}
+def usage_json(input_tokens: int, output_tokens: int, cached: bool | None = None) -> dict:
+    usage = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
+             "total_tokens": input_tokens + output_tokens}
+    return {**usage, "cached": True} if cached else usage  # answered from the semantic cache
 
 
 def finish_reason(end) -> str:
@@ -61,7 +62,7 @@ class OpenAIShape:
     def chunks(self, event: StreamEvent) -> list[bytes]:
         """The stream chunks for one event (none for events a client has no use for)."""
         p = event.env.payload
-        if isinstance(p, GenerationStarted):
+        if isinstance(p, (GenerationStarted, CacheHit)):
             self.model_revision = p.model_revision
             if self.kind == "chat":
                 return [self._chunk(event, [self._choice("", None, role=True)])]
@@ -71,7 +72,8 @@ class OpenAIShape:
         if isinstance(p, (GenerationCompleted, GenerationCancelled)):
             out = [self._chunk(event, [self._choice(None if self.kind == "chat" else "", finish_reason(p))])]
             if self.include_usage:
-                out.append(self._chunk(event, [], usage_json(p.input_tokens, p.output_tokens)))
+                out.append(self._chunk(event, [], usage_json(p.input_tokens, p.output_tokens,
+                                                             getattr(p, "cached", None))))
             return out
         if isinstance(p, GenerationFailed):
             return [frame({"error": {"message": "The generation failed", "type": "server_error", "param": None,
@@ -92,4 +94,4 @@ class OpenAIShape:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(end)}
         return {**self._head(self._object), "choices": [choice],
-                "usage": usage_json(end.input_tokens, end.output_tokens)}
+                "usage": usage_json(end.input_tokens, end.output_tokens, getattr(end, "cached", None))}

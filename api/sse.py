@@ -19,7 +19,7 @@ from api.live import Live
 from api.request_stream import StreamTimeout
 from api.stream_hub import StreamEvent
 from models.events_generation import (
-    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected, GenerationStarted,
+    CacheHit, GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected, GenerationStarted,
     TokensEmitted,
 )
 
@@ -42,10 +42,12 @@ def event_json(event: StreamEvent) -> dict:
         return {**base, "type": "tokens", "seq": p.seq, "text": p.text, "token_count": p.token_count}
     if isinstance(p, GenerationStarted):
         return {**base, "type": "started", "model_revision": p.model_revision, "queued_ms": p.queued_ms}
+    if isinstance(p, CacheHit):  # admission accepted an answer from the semantic cache
+        return {**base, "type": "started", "model_revision": p.model_revision, "queued_ms": 0, "cached": True}
     if isinstance(p, GenerationCompleted):
+        usage = {"input_tokens": p.input_tokens, "output_tokens": p.output_tokens}
         return {**base, "type": "completed", "finish_reason": p.finish_reason, "model_revision": p.model_revision,
-                "usage": {"input_tokens": p.input_tokens, "output_tokens": p.output_tokens},
-                "timings": p.timings.model_dump()}
+                "usage": {**usage, "cached": True} if p.cached else usage, "timings": p.timings.model_dump()}
     if isinstance(p, GenerationCancelled):
         return {**base, "type": "cancelled", "finish_reason": "cancelled", "reason": p.reason,
                 "usage": {"input_tokens": p.input_tokens, "output_tokens": p.output_tokens}}

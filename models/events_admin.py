@@ -175,3 +175,32 @@ class EvalScoresRecorded(Payload):
     source: str = Field(min_length=1, max_length=200)  # the eval run or file the rows come from
     rows: tuple[EvalRow, ...] = Field(min_length=1, max_length=10_000)
     actor: str
+
+
+@event("CachePolicySet")
+class CachePolicySet(Payload):
+    """Whether a tenant's requests for an alias may be answered from the semantic cache
+    (`pipelines.semantic_cache`), and how: off unless an event turns it on. `threshold`
+    raises the platform's similarity floor for this tenant (it never lowers it);
+    `sampled_too` lets answers sampled at a temperature above 0 be cached and served again;
+    a hit is charged `price_output_per_1k_micros` a thousand of the output tokens it serves."""
+
+    tenant_id: str
+    model_alias: str = Field(min_length=1, max_length=128)
+    enabled: bool
+    threshold: float | None = Field(default=None, ge=0, le=1)
+    ttl_s: int = Field(default=3600, gt=0, le=30 * 24 * 3600)
+    sampled_too: bool = False
+    price_output_per_1k_micros: int = Field(default=0, ge=0)
+    actor: str
+
+
+@event("CacheInvalidated")
+class CacheInvalidated(Payload):
+    """Every cached answer of the tenant for the alias (every alias, with None) written
+    before this event is dead from now on."""
+
+    tenant_id: str
+    model_alias: str | None = None
+    actor: str
+    reason: str | None = None

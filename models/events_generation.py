@@ -51,6 +51,18 @@ class PromptSubmitted(Payload):
     prompt: str
 
 
+class CacheRef(Payload):
+    """A semantic cache entry a request is to be answered from (no text: that stays in the
+    cache and on the stream)."""
+
+    entry_id: str
+    source_request_id: str | None = None  # the generation whose answer it holds
+    similarity: float = Field(ge=-1.0, le=1.0)
+    threshold: float = Field(ge=0.0, le=1.0)
+    output_tokens: int = Field(ge=0)
+    finish_reason: FinishReason
+
+
 @event("GenerationRequested")
 class GenerationRequested(Payload):
     request_id: str
@@ -79,6 +91,9 @@ class GenerationRequested(Payload):
     # A shadow copy (tenant `models.rollout.SHADOW_TENANT`) of the request named here, for a
     # shadow rollout's candidate: dropped rather than queued, its answer seen by nobody.
     shadow_of: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # The semantic cache's entry the API found for it: admission settles it at the cache's
+    # price and nothing runs (`CacheHit`); absent (and left out of the bytes) otherwise.
+    cache: CacheRef | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # Output tokens the API had sent its client when it went away (reason `client_gone`): the
@@ -171,6 +186,29 @@ class GenerationCompleted(Payload):
     model_revision: str
     output_sha256: str
     timings: Timings
+    # Served from the semantic cache (written by the API after admission's `CacheHit`);
+    # absent (and left out of the bytes) on every generation an engine ran.
+    cached: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+@event("CacheHit")
+class CacheHit(Payload):
+    """Admission accepted a request answered from the semantic cache: which entry, how
+    alike, the output tokens its engine did not have to make, and what the hit cost the
+    tenant (the cache price, 0 by default). On the ledger and, first, on the stream, where
+    the API follows it with the cached text."""
+
+    request_id: str
+    entry_id: str
+    source_request_id: str | None = None
+    model_alias: str
+    model_revision: str
+    similarity: float
+    threshold: float
+    input_tokens: int = Field(ge=0)
+    saved_output_tokens: int = Field(ge=0)
+    finish_reason: FinishReason
+    cost_micros: int = Field(ge=0)
 
 
 @event("GenerationFailed")
@@ -206,6 +244,8 @@ class UsageSettled(Payload):
     cost_micros: int = Field(ge=0)
     # Of those, the ones its client received, where it went away early; absent: all of them.
     delivered_output_tokens: int | None = delivered_field()
+    # Answered from the semantic cache, charged at its price; absent (left out) otherwise.
+    cached: bool | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("ReservationReleased")

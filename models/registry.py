@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from models.authz import OWN_LIMIT_FIELDS, tighten
 from models.events import Envelope
 from models.events_admin import (
-    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, EvalScoresRecorded, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
+    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, CacheInvalidated, CachePolicySet, EvalScoresRecorded, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
     ModelRevisionRetired, TenantCreated, TenantLimitsChanged, TenantOwnLimitsChanged, TenantReinstated,
     TenantSuspended,
 )
@@ -75,6 +75,17 @@ class EvalScore:
     recorded_at: datetime
 
 
+@dataclass(frozen=True)
+class CachePolicy:
+    """A tenant's semantic cache for one alias (`CachePolicySet`); off without one."""
+
+    enabled: bool = False
+    threshold: float | None = None
+    ttl_s: int = 3600
+    sampled_too: bool = False
+    price_output_per_1k_micros: int = 0
+
+
 @dataclass
 class Alias:
     alias: str
@@ -101,6 +112,9 @@ class Registry:
     rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by rollout id, ended ones too
     open_rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by alias: its routing table
     evals: dict[str, dict[str, EvalScore]] = field(default_factory=dict)  # task -> revision -> its latest score
+    cache_policies: dict[tuple[str, str], CachePolicy] = field(default_factory=dict)  # (tenant, alias)
+    # Invalidations so far by (tenant, alias), alias None for the tenant's every alias.
+    cache_epochs: dict[tuple[str, str | None], int] = field(default_factory=dict)
 
     def apply(self, env: Envelope) -> None:
         p = env.payload
@@ -147,6 +161,21 @@ class Registry:
             for row in p.rows:
                 self.evals.setdefault(row.task, {})[row.model_revision] = EvalScore(
                     row.score, row.samples, p.source, env.occurred_at)
+
+        elif isinstance(p, CachePolicySet):
+            self.cache_policies[p.tenant_id, p.model_alias] = CachePolicy(
+                p.enabled, p.threshold, p.ttl_s, p.sampled_too, p.price_output_per_1k_micros)
+        elif isinstance(p, CacheInvalidated):
+            key = (p.tenant_id, p.model_alias)
+            self.cache_epochs[key] = self.cache_epochs.get(key, 0) + 1
+
+    def cache_policy(self, tenant_id: str, alias: str) -> CachePolicy:
+        return self.cache_policies.get((tenant_id, alias), CachePolicy())
+
+    def cache_epoch(self, tenant_id: str, alias: str) -> int:
+        """How many invalidations reach the tenant's entries for the alias: an entry made
+        under a lower count is dead."""
+        return self.cache_epochs.get((tenant_id, alias), 0) + self.cache_epochs.get((tenant_id, None), 0)
 
     def _apply_rollout(self, env: Envelope) -> None:
         were_open = dict(self.open_rollouts)

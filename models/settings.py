@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     # the engine's every sequence streaming; proportionally less with fewer. Its first
     # tokens and its end never wait.
     stream_linger_ms: float = 40.0
+    # The semantic cache of the API (pipelines.semantic_cache), where a tenant's policy turns
+    # it on: how prompts are embedded ("minilm": all-MiniLM-L6-v2 on the CPU; "hashing": a
+    # bag of words, for tests only), and how many answers it holds per tenant.
+    cache_embedder: Literal["minilm", "hashing"] = "minilm"
+    cache_max_entries_per_tenant: int = Field(default=100_000, gt=0)
     # A worker that also runs admission for the tenant partitions it is given: work it can
     # start at once is admitted and taken in one commit (see `pipelines.admission`).
     worker_admits: bool = False

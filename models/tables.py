@@ -53,6 +53,7 @@ generations = Table(
     Column("output_tokens", Integer, nullable=False, default=0),
     # Of the output tokens, those its client received where it went away early (NULL: all).
     Column("delivered_output_tokens", Integer),
+    Column("cache_entry_id", String(40)),  # answered from this semantic cache entry; NULL: an engine ran it
     Column("cost_micros", BigInteger, nullable=False, default=0),
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
@@ -124,6 +125,7 @@ usage_ledger = Table(
     Column("output_tokens", BigInteger, nullable=False),  # generated, and charged
     Column("cost_micros", BigInteger, nullable=False),
     Column("delivered_output_tokens", BigInteger),  # NULL: all of the output reached the client
+    Column("cached", Boolean),  # answered from the semantic cache (NULL: no)
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),
     Column("duration_ms", Integer),

@@ -40,7 +40,7 @@ from typing import Callable, Protocol
 from models import topics
 from models.events import Envelope, EventDecodeError, caused_by, decode, new_event
 from models.events_generation import (
-    BudgetReserved, GenerationAdmitted, GenerationCancelled, GenerationCompleted, GenerationFailed,
+    BudgetReserved, CacheHit, GenerationAdmitted, GenerationCancelled, GenerationCompleted, GenerationFailed,
     GenerationQueued, GenerationRejected, GenerationRequested, GenerationStarted, ReservationExpired,
     ReservationReleased, UsageSettled,
 )
@@ -113,6 +113,8 @@ def handle_requested(
     if req.priority == "high" and not limits.may_send_high:  # the API refuses it first; a grant may be lifted since
         return reject(env, Reject("priority_not_allowed", "this tenant may not send priority 'high'"),
                       book=book, now=now)
+    if req.cache is not None:
+        return answer_from_cache(env, limits=limits, registry=registry, book=book, now=now, grace=grace)
     ask = Ask(input_tokens=req.input_tokens, max_output_tokens=req.max_output_tokens,
               cost_micros=cost_micros(revision, req.input_tokens, req.max_output_tokens),
               deadline_at=req.deadline_at,
@@ -142,6 +144,42 @@ def handle_requested(
                                              fair_share_weight=limits.fair_share_weight), occurred_at=now)
     book.apply(reserved)
     return [(topics.LEDGER, reserved), (topics.LEDGER, admitted), (work_topic, queued)]
+
+
+def answer_from_cache(env: Envelope, *, limits, registry: Registry, book: ReservationBook, now: datetime,
+                      grace: timedelta) -> Outputs:
+    """A request the API found in the semantic cache: decided against the tenant's limits
+    like any other (a hit is a request and serves tokens), but priced at the tenant's cache
+    price and settled at once, with nothing queued: no reservation of the full generation
+    outlives the decision. `CacheHit` goes to the stream first, where the API waits."""
+    req: GenerationRequested = env.payload
+    ref = req.cache
+    policy = registry.cache_policy(env.tenant_id, req.model_alias)
+    cost = _ceil_div(ref.output_tokens * policy.price_output_per_1k_micros, 1000)
+    ask = Ask(input_tokens=req.input_tokens, max_output_tokens=ref.output_tokens, cost_micros=cost,
+              deadline_at=req.deadline_at)
+    decision = decide(ask, book.usage_of(env.tenant_id), limits, now)
+    if isinstance(decision, Reject):
+        return reject(env, decision, book=book, now=now)
+    reservation_id = "res_" + uuid.uuid4().hex[:16]
+    reserved = caused_by(env, BudgetReserved(
+        request_id=req.request_id, reservation_id=reservation_id, tokens=ask.tokens, cost_micros=cost,
+        expires_at=now + grace, model_revision=req.model_revision), occurred_at=now)
+    hit = caused_by(env, CacheHit(
+        request_id=req.request_id, entry_id=ref.entry_id, source_request_id=ref.source_request_id,
+        model_alias=req.model_alias, model_revision=req.model_revision, similarity=ref.similarity,
+        threshold=ref.threshold, input_tokens=req.input_tokens, saved_output_tokens=ref.output_tokens,
+        finish_reason=ref.finish_reason, cost_micros=cost), occurred_at=now)
+    settled = caused_by(env, UsageSettled(
+        request_id=req.request_id, reservation_id=reservation_id, terminal_status="completed",
+        input_tokens=req.input_tokens, output_tokens=ref.output_tokens, cost_micros=cost, cached=True),
+        occurred_at=now)
+    released = caused_by(env, ReservationReleased(request_id=req.request_id, reservation_id=reservation_id,
+                                                  released_tokens=0, released_cost_micros=0), occurred_at=now)
+    book.apply(reserved)
+    book.apply(settled)
+    return [(topics.LEDGER, reserved), (topics.LEDGER, hit), (topics.STREAM, hit), (topics.LEDGER, settled),
+            (topics.LEDGER, released)]
 
 
 def settle(

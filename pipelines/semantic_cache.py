@@ -243,3 +243,106 @@ class HashingEmbedder:
             norm = float(np.linalg.norm(v))
             out.append((v / norm if norm else v).tolist())
         return out
+
+
+@dataclass(frozen=True)
+class CacheQuery:
+    """One request's look at the cache: where it looks, the text it embeds (the prompt, or
+    a chat's last user turn), that text's vector, and the policy in force. Kept with the
+    request, so a miss can be filled with its answer under the same key."""
+
+    tenant_id: str
+    alias: str
+    partition: str
+    text: str
+    vector: np.ndarray
+    epoch: int
+    threshold: float | None
+    ttl_s: float
+
+
+@dataclass
+class CacheCounts:
+    """Lookups of one tenant and alias: hits, misses, and the nearest similarity of misses
+    that had a neighbour (near misses), bucketed (upper bounds of `NEAR_MISS_BUCKETS`)."""
+
+    hits: int = 0
+    misses: int = 0
+    near_misses: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.near_misses = self.near_misses or [0] * len(NEAR_MISS_BUCKETS)
+
+
+NEAR_MISS_BUCKETS = (0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
+
+
+class AnswerCache:
+    """The API's semantic cache: what a tenant's policy (`models.registry.CachePolicy`) lets
+    it serve, looked up before a request is submitted and filled from the answers the API
+    streams. The embedder is made on first use, so a platform where no tenant turned the
+    cache on never loads one."""
+
+    def __init__(self, make_embedder, *, floor: float = PLATFORM_FLOOR, max_entries_per_tenant: int = 100_000,
+                 clock=time.monotonic):
+        self._make_embedder, self._embedder = make_embedder, None
+        self._floor, self._max, self._clock = floor, max_entries_per_tenant, clock
+        self.floor = floor
+        self._made = threading.Lock()
+        self._cache: SemanticCache | None = None
+        self.counts: dict[tuple[str, str], CacheCounts] = {}
+
+    @property
+    def cache(self) -> SemanticCache:
+        with self._made:
+            if self._cache is None:
+                self._cache = SemanticCache(self._make_embedder(), floor=self._floor,
+                                            max_entries_per_tenant=self._max, clock=self._clock)
+            return self._cache
+
+    def query(self, registry, *, tenant_id: str, alias: str, revision: str, text: str, context: object,
+              sampling: dict) -> CacheQuery | None:
+        """The look this request may take; None when its tenant has the cache off for the
+        alias or its sampling makes answers that are not to be served again."""
+        policy = registry.cache_policy(tenant_id, alias)
+        if not policy.enabled or not cacheable(sampling, sampled_too=policy.sampled_too):
+            return None
+        cache = self.cache
+        return CacheQuery(tenant_id, alias, partition_key(tenant_id, revision, context=context, sampling=sampling),
+                          text, cache._vector(text), registry.cache_epoch(tenant_id, alias), policy.threshold,
+                          float(policy.ttl_s))
+
+    def find(self, q: CacheQuery) -> Lookup:
+        found = self.cache.lookup(partition=q.partition, prompt=q.text, epoch=q.epoch,
+                                  tenant_threshold=q.threshold, vector=q.vector)
+        counts = self.counts.setdefault((q.tenant_id, q.alias), CacheCounts())
+        if found.entry is not None:
+            counts.hits += 1
+        else:
+            counts.misses += 1
+            if found.similarity is not None:
+                counts.near_misses[next(i for i, top in enumerate(NEAR_MISS_BUCKETS)
+                                        if found.similarity <= top or top == NEAR_MISS_BUCKETS[-1])] += 1
+        return found
+
+    def fill(self, q: CacheQuery, *, answer: str, output_tokens: int, input_tokens: int, finish_reason: str,
+             source_request_id: str) -> Entry:
+        return self.cache.insert(tenant_id=q.tenant_id, alias=q.alias, partition=q.partition, prompt=q.text,
+                                 answer=answer, output_tokens=output_tokens, input_tokens=input_tokens,
+                                 finish_reason=finish_reason, ttl_s=q.ttl_s, epoch=q.epoch,
+                                 source_request_id=source_request_id, vector=q.vector)
+
+    def size(self, tenant_id: str | None = None) -> int:
+        return 0 if self._cache is None else self._cache.size(tenant_id)
+
+    def purge(self, tenant_id: str, alias: str | None = None) -> int:
+        return 0 if self._cache is None else self._cache.purge_tenant(tenant_id, alias)
+
+
+def embedder_for(settings):
+    """A function making the embedder the settings name (loaded when first called)."""
+    if settings.cache_embedder == "hashing":
+        return HashingEmbedder
+    from pipelines.similarity import Embedder as MiniLM, model_dir
+
+    return lambda: MiniLM(model_dir(settings.home))

@@ -12,7 +12,9 @@ from typing import Protocol
 from models import topics
 from models.events import new_event
 from models.digests import TenantDigests
-from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling
+from models.events_generation import (
+    CacheRef, CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling,
+)
 from models.registry import Principal, Registry
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, SHADOW_TENANT, stickiness_key
 from pipelines.eventlog import EventLog
@@ -64,18 +66,35 @@ class Submitted:
     tenant_id: str
     stream_partition: int
     request_offset: int  # of the GenerationRequested in the tenant's requests partition
+    cache_query: object | None = None  # `pipelines.semantic_cache.CacheQuery`: its answer may fill the cache
+    cached: object | None = None  # the cache `Entry` it is to be answered from (`request.cache` names it)
+
+
+def cache_subject(cmd: SubmitGeneration) -> tuple[str, object] | None:
+    """What of a request the semantic cache embeds, and all else that shapes its answer
+    (the exact partition's part): a prompt and nothing else, or a chat's last user turn and
+    every message before it. None for a chat whose last message is not the user's."""
+    if cmd.messages is None:
+        return cmd.prompt or "", {"kind": "text"}
+    *prior, last = cmd.messages
+    if last.get("role") != "user":
+        return None
+    return last.get("content") or "", {"kind": "chat", "prior": prior}
 
 
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
     default_deadline_ms: int, stream_offset: int | None = None, fleet: Fleet | None = None,
-    digests: TenantDigests | None = None,
+    digests: TenantDigests | None = None, cache=None,
 ) -> Submitted:
     """`stream_offset`: a known lower bound of where the request's stream will start in its
     partition (the API's stream follower has one); the partition's end is read otherwise.
     `fleet`: where the live workers are known; a revision no live worker serves is refused
     (503) before anything is written, rather than left to wait until its deadline.
-    `digests`: the keys of the prompt's digest (`TenantDigests.from_settings`; the defaults' otherwise)."""
+    `digests`: the keys of the prompt's digest (`TenantDigests.from_settings`; the defaults' otherwise).
+    `cache`: the API's semantic cache (`pipelines.semantic_cache.AnswerCache`): a hit is
+    submitted naming its entry, which admission answers without an engine, so it needs no
+    live worker either."""
     if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
         raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
                               "grants it (limit may_send_high)", "priority")
@@ -113,7 +132,19 @@ def submit_generation(
             400, "context_length_exceeded",
             f"{input_tokens} input tokens + {max_output_tokens} output tokens exceed this model's "
             f"context of {revision.max_model_len}", "max_tokens")
-    if fleet is not None:
+    query = entry = hit = None
+    subject = cache_subject(cmd) if cache is not None else None
+    if subject is not None:
+        query = cache.query(registry, tenant_id=principal.tenant_id, alias=cmd.model_alias,
+                            revision=revision.model_revision, text=subject[0], context=subject[1],
+                            sampling={**cmd.sampling.model_dump(), "max_output_tokens": max_output_tokens})
+        found = cache.find(query) if query is not None else None
+        if found is not None and found.entry is not None:
+            entry = found.entry
+            hit = CacheRef(entry_id=entry.entry_id, source_request_id=entry.source_request_id,
+                           similarity=found.similarity, threshold=found.threshold, output_tokens=entry.output_tokens,
+                           finish_reason=entry.finish_reason)
+    if fleet is not None and entry is None:
         pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
         if not fleet.serves_soon(pool, revision.model_revision):
             raise SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
@@ -137,15 +168,17 @@ def submit_generation(
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
         request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
+        cache=hit,
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])
     rollout = registry.open_rollouts.get(cmd.model_alias) if route is not None and route.rollout_id else None
-    if rollout is not None and rollout.mirrors(stickiness_key(principal.tenant_id, principal.application_id,
-                                                              cmd.user)):
+    mirrored = rollout is not None and entry is None
+    if mirrored and rollout.mirrors(stickiness_key(principal.tenant_id, principal.application_id, cmd.user)):
         _mirror(request, rollout, prompt=prompt, registry=registry, log=log, counter=counter, fleet=fleet)
     return Submitted(request=request, tenant_id=principal.tenant_id, stream_partition=stream_partition,
-                     request_offset=request_record.offset)
+                     request_offset=request_record.offset, cache_query=query if entry is None else None,
+                     cached=entry)
 
 
 def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Registry, log: EventLog,

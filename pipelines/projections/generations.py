@@ -20,7 +20,7 @@ from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import select_by_keys, upsert
 
 TERMINAL = {"GenerationCompleted": "completed", "GenerationFailed": "failed", "GenerationCancelled": "cancelled"}
-TYPES = frozenset({"GenerationRequested", "BudgetReserved", "GenerationAdmitted", "GenerationRejected",
+TYPES = frozenset({"GenerationRequested", "BudgetReserved", "CacheHit", "GenerationAdmitted", "GenerationRejected",
                    "GenerationStarted", "UsageSettled", "CancelRequested", "OutputDelivered", *TERMINAL})
 
 Row = dict[str, Any]
@@ -77,6 +77,13 @@ def merge(row: Row, e: Event) -> None:
         if row["started_at"] is None:
             row["started_at"] = e.at()
         row["queued_ms"] = max(row["queued_ms"] or 0, p.get("queued_ms") or 0)
+    elif t == "CacheHit":  # answered at once: it ends as it starts
+        row["cache_entry_id"] = p.get("entry_id")
+        if row["started_at"] is None:
+            row["started_at"] = e.at()
+        if row["outcome"] is None:
+            row.update(outcome="completed", finish_reason=p.get("finish_reason"), ttft_ms=0, duration_ms=0,
+                       ended_at=e.at(), queued_ms=0)
     elif t in TERMINAL:
         timings = p.get("timings") or {}
         row["queued_ms"] = max(row["queued_ms"] or 0, timings.get("queued_ms") or 0)
@@ -122,6 +129,7 @@ def usage_row(row: Row) -> Row:
         "delivered_output_tokens": delivered(row), "queued_ms": row["queued_ms"],
         "ttft_ms": row["ttft_ms"], "duration_ms": row["duration_ms"], "finish_reason": row["finish_reason"],
         "terminal_status": row["status"], "settled_at": settled_at, "day": settled_at.strftime("%Y-%m-%d"),
+        "cached": True if row["cache_entry_id"] else None,
     }
 
 

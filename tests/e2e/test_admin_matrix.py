@@ -38,6 +38,9 @@ POLICY = {
     ("POST", "/v1/admin/rollouts/{alias}/candidate"): OPERATOR,
     ("POST", "/v1/admin/evals"): OPERATOR,
     ("GET", "/v1/admin/evals"): OPERATOR,
+    ("PUT", "/v1/admin/tenants/{tenant_id}/cache/{alias}"): TENANT,
+    ("POST", "/v1/admin/tenants/{tenant_id}/cache/invalidate"): TENANT,
+    ("GET", "/v1/admin/tenants/{tenant_id}/cache"): TENANT,
     ("POST", "/v1/admin/revisions/{model_revision:path}/drain"): OPERATOR,
 }
 

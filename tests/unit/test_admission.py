@@ -204,3 +204,45 @@ def test_a_book_rebuilt_from_the_ledger_decides_as_the_original():
     assert set(rebuilt.open) == set(original.open)
     assert [step(rebuilt, i) for i in range(12, 20)] == [step(original, i) for i in range(12, 20)]
     assert any(kind == "GenerationRejected" for steps in first for kind, _ in steps)
+
+
+def cache_hit(request_id: str, *, output_tokens=12, **kw):
+    from models.events_generation import CacheRef
+
+    env = requested(request_id, **kw)
+    ref = CacheRef(entry_id="ce_1", source_request_id="r0", similarity=0.97, threshold=0.92,
+                   output_tokens=output_tokens, finish_reason="stop")
+    return env.model_copy(update={"payload": env.payload.model_copy(update={"cache": ref})})
+
+
+def test_a_cache_hit_is_settled_at_once_at_the_tenant_s_cache_price_and_nothing_is_queued():
+    from models.events_admin import CachePolicySet
+
+    reg, book = registry(), ReservationBook()
+    out = handle_requested(cache_hit("r1"), registry=reg, book=book, now=T0, grace=GRACE)
+    assert types(out) == [(topics.LEDGER.name, "BudgetReserved"), (topics.LEDGER.name, "CacheHit"),
+                          (topics.STREAM.name, "CacheHit"), (topics.LEDGER.name, "UsageSettled"),
+                          (topics.LEDGER.name, "ReservationReleased")]
+    settled = out[3][1].payload
+    assert settled.cached and settled.cost_micros == 0 and settled.output_tokens == 12, "free by default"
+    assert not book.open and book.decided("r1"), "no reservation outlives the decision"
+    assert handle_requested(cache_hit("r1"), registry=reg, book=book, now=T0, grace=GRACE) == []
+
+    reg.apply(new_event(CachePolicySet(tenant_id="acme", model_alias="tiny", enabled=True,
+                                       price_output_per_1k_micros=500, actor="t"), tenant_id="acme",
+                        correlation_id="admin"))
+    out = handle_requested(cache_hit("r2", output_tokens=3), registry=reg, book=book, now=T0, grace=GRACE)
+    hit = next(env.payload for _, env in out if env.event_type == "CacheHit")
+    assert hit.cost_micros == 2 and out[3][1].payload.cost_micros == 2, "3 tokens at 500 a thousand, rounded up"
+    assert hit.saved_output_tokens == 3 and hit.entry_id == "ce_1" and hit.similarity == 0.97
+
+
+def test_a_cache_hit_meets_the_tenant_s_limits_like_any_request():
+    reg, book = registry(requests_per_minute=2), ReservationBook()
+    decided = [handle_requested(cache_hit(f"r{i}"), registry=reg, book=book, now=T0, grace=GRACE)[0][1]
+               for i in range(3)]
+    assert [e.event_type for e in decided] == ["BudgetReserved", "BudgetReserved", "GenerationRejected"]
+    assert decided[2].payload.reason == "rate"
+    reg.suspended["acme"] = "unpaid"
+    assert handle_requested(cache_hit("r9"), registry=reg, book=ReservationBook(), now=T0,
+                            grace=GRACE)[0][1].payload.reason == "tenant_disabled"
