@@ -186,3 +186,27 @@ def test_a_chunk_reported_twice_keeps_its_first_report_and_settles_once():
     assert settled == [False, False, False, True, False]
     assert (row["status"], row["input_tokens"], row["output_tokens"], row["cost_micros"]) == ("completed", 100, 50, 30)
     assert row["reservation_id"] == "r0"
+
+
+def test_a_generation_answered_from_the_cache_ends_the_same_in_every_order_and_is_marked_in_usage():
+    from models.events_generation import CacheHit, ReservationReleased
+
+    events = [
+        requested(),
+        ledger(BudgetReserved(request_id="gen_1", reservation_id="res_1", tokens=52, cost_micros=0,
+                              expires_at=T0 + timedelta(seconds=5)), 0, 1),
+        ledger(CacheHit(request_id="gen_1", entry_id="ce_1", model_alias="tiny", model_revision="tiny@r1",
+                        similarity=0.97, threshold=0.92, input_tokens=40, saved_output_tokens=12,
+                        finish_reason="stop", cost_micros=0), 1, 1),
+        ledger(UsageSettled(request_id="gen_1", reservation_id="res_1", terminal_status="completed",
+                            input_tokens=40, output_tokens=12, cost_micros=0, cached=True), 2, 1),
+        ledger(ReservationReleased(request_id="gen_1", reservation_id="res_1", released_tokens=0,
+                                   released_cost_micros=0), 3, 1),
+    ]
+    rows = {repr(sorted(fold(list(order)).items()))
+            for order in itertools.permutations(events) if respects_partition_order(order)}
+    assert len(rows) == 1
+    row = fold(events)
+    assert row["status"] == "completed" and row["cache_entry_id"] == "ce_1" and row["finish_reason"] == "stop"
+    assert (row["output_tokens"], row["cost_micros"], row["ttft_ms"]) == (12, 0, 0)
+    assert usage_row(row)["cached"] is True and usage_row(fold(completed_generation()))["cached"] is None
