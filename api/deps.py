@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 
 from api.disconnect import DisconnectReaper
 from api.errors import ApiError
+from api.ladder import Ladder
 from api.log_watch import LogWatch
 from api.outage import log_unavailable
 from api.metrics import ApiMetrics
@@ -44,6 +45,7 @@ class Services:
     digests: TenantDigests | None = None  # keys prompt digests per tenant (settings' digest_key)
     log_watch: LogWatch | None = None  # whether the log is known to be away (its looks run in the app)
     cache: AnswerCache | None = None  # the semantic cache, where tenants' policies turn it on
+    ladder: Ladder = field(default_factory=Ladder)  # the overload ladder's cooldowns (api.ladder)
 
     def __post_init__(self) -> None:
         self.digests = self.digests or TenantDigests.from_settings(self.settings)

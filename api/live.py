@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from fastapi import Request
@@ -22,13 +22,15 @@ from api.request_stream import RequestStream, StreamTimeout
 from api.stream_hub import StreamEvent
 from models import topics
 from models.events import caused_by
-from models.events_generation import CacheHit, GenerationCompleted, GenerationRejected, Timings, TokensEmitted
+from models.events_generation import (
+    CacheHit, GenerationCompleted, GenerationRejected, GenerationRequested, Timings, TokensEmitted,
+)
 from models.registry import Principal
 from pipelines import idempotency
 from pipelines.eventlog import partition_for
 from pipelines.request_index import RequestInfo
 from pipelines.routing import publish
-from pipelines.submission import SubmitGeneration, Submitted, submit_generation
+from pipelines.submission import SubmissionError, SubmitGeneration, Submitted, submit_generation
 
 
 @dataclass
@@ -39,6 +41,23 @@ class Live:
     first: StreamEvent
     deadline: float  # loop time after which waiting for more is pointless
     replayed: bool
+    request: GenerationRequested | None = None  # as submitted (None for a replay)
+
+    @property
+    def route_headers(self) -> dict[str, str]:
+        """What served it and why, for the response's headers: the revision, the router's
+        rule (where a router chose), and the revision it fell back from (where it did)."""
+        r = self.request
+        if r is None:
+            return {}
+        out = {"X-Model-Revision": r.model_revision}
+        if r.route_rule is not None:
+            out["X-Routed-By"] = r.route_rule
+        if r.fallback_from is not None:
+            out["X-Fallback-From"] = r.fallback_from
+        if r.cache is not None:
+            out["X-Cache"] = "hit"
+        return out
 
     @property
     def request_id(self) -> str:
@@ -70,8 +89,45 @@ def _key_reused() -> ApiError:
                     code="idempotency_key_reused", param="Idempotency-Key")
 
 
+# Refusals for capacity, which the overload ladder may answer with a smaller revision. Never
+# a budget, limit, authentication or context-length error: a fallback would not fix those.
+FALLBACK_CODES = frozenset({"shed", "no_capacity"})
+
+
 async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
                            body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
+    """The overload ladder around one start: a router alias's request refused for capacity
+    (before anything of it was streamed or charged) is sent again, once per fallback
+    revision at most, to the next of the router's smaller revisions that a live worker
+    serves; it is admitted, reserved and settled at that revision's price. A revision
+    refused so cools down for a while (`api.ladder`): requests routed to it meanwhile go
+    to the fallback at once."""
+    tried: list[str] = []
+    while True:
+        try:
+            return await _start_once(svc, principal, cmd, request=request, body=body,
+                                     idempotency_key=idempotency_key, id_prefix=id_prefix)
+        except (ApiError, SubmissionError) as exc:
+            refused = getattr(exc, "model_revision", None)
+            if exc.code not in FALLBACK_CODES or refused is None:
+                raise
+            svc.ladder.refused(cmd.model_alias, refused)
+            tried.append(refused)
+            fallback = svc.ladder.fallback(svc.registry_view.registry, cmd.model_alias, tried, svc.fleet,
+                                           pool=_pool_of(svc, principal))
+            if fallback is None:
+                raise
+            cmd = replace(cmd, fallback_to=fallback, fallback_from=refused,
+                          request_id=None if cmd.request_id is None else f"{cmd.request_id}.fb{len(tried)}")
+            idempotency_key = None  # the key stays with the request refused; this one is new
+
+
+def _pool_of(svc: Services, principal: Principal) -> str:
+    return svc.registry_view.registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
+
+
+async def _start_once(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,
+                      body: dict, idempotency_key: str | None, id_prefix: str) -> Live:
     t0 = time.monotonic()
     await _tokenizer_loaded(svc, principal, cmd)
     # By then admission must have decided (reading the log for ids included): 503 otherwise.
@@ -104,7 +160,8 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     submitting = asyncio.ensure_future(asyncio.to_thread(
         submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
         counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
-        fleet=svc.fleet, digests=svc.digests, cache=svc.cache))
+        fleet=svc.fleet, digests=svc.digests, cache=svc.cache,
+        cooling=svc.ladder.cooling(cmd.model_alias) if cmd.fallback_to is None else frozenset()))
     try:
         try:
             submitted = await outage.within(submitting, decide_by, "The event log", svc.log_watch)
@@ -134,7 +191,9 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     except BaseException:
         stream.close()
         raise
-    return _admitted(stream, first, wait_s, replayed=False)
+    live = _admitted(stream, first, wait_s, replayed=False, revision=submitted.request.model_revision)
+    live.request = submitted.request
+    return live
 
 
 async def _tokenizer_loaded(svc: Services, principal: Principal, cmd: SubmitGeneration) -> None:
@@ -225,10 +284,13 @@ async def _after_key_race(svc: Services, stream: RequestStream, submitted: Submi
     return None
 
 
-def _admitted(stream: RequestStream, first: StreamEvent, wait_s: float, *, replayed: bool) -> Live:
+def _admitted(stream: RequestStream, first: StreamEvent, wait_s: float, *, replayed: bool,
+              revision: str | None = None) -> Live:
     if isinstance(first.env.payload, GenerationRejected):
         stream.close()
-        raise rejection_error(first.env.payload)
+        error = rejection_error(first.env.payload)
+        error.model_revision = revision  # what was refused, for the overload ladder
+        raise error
     return Live(stream, first, asyncio.get_running_loop().time() + wait_s, replayed)
 
 

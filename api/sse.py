@@ -71,7 +71,7 @@ def timeout_frame() -> bytes:
 def stream_response(svc: Services, live: Live, render: Callable[[StreamEvent], Iterable[bytes]], *,
                     on_timeout: Callable[[], bytes] = timeout_frame) -> StreamingResponse:
     return StreamingResponse(_frames(svc, live, render, on_timeout), media_type="text/event-stream",
-                             headers={**SSE_HEADERS, "X-Request-Id": live.request_id})
+                             headers={**SSE_HEADERS, "X-Request-Id": live.request_id, **live.route_headers})
 
 
 async def _frames(svc: Services, live: Live, render, on_timeout) -> AsyncIterator[bytes]:

@@ -204,3 +204,43 @@ class CacheInvalidated(Payload):
     model_alias: str | None = None
     actor: str
     reason: str | None = None
+
+
+class RouteRule(Payload):
+    """One rule of a router alias (`models.router`). Its match fields, where given, must all
+    hold. A static rule names the `revision` to use; a dynamic rule names an eval `task`
+    and the `revisions` to choose from: the cheapest whose score for the task (for the
+    request's difficulty band, `task/easy` or `task/hard`, when the table has one) clears
+    `bar`. Without eval data for the task the dynamic rule does not apply."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    tenant: str | None = None
+    application: str | None = None
+    endpoint: Literal["generations", "chat.completions", "completions"] | None = None
+    tag: str | None = Field(default=None, max_length=64)
+    revision: str | None = None
+    task: str | None = Field(default=None, max_length=128)
+    revisions: tuple[str, ...] = ()
+    bar: float | None = Field(default=None, ge=0, le=1)
+    # Difficulty: a prompt of at least this many input tokens, or with one of these words
+    # (case-insensitive), is `hard`; any other is `easy`.
+    hard_input_tokens: int | None = Field(default=None, gt=0)
+    hard_words: tuple[str, ...] = ()
+
+
+@event("RouterSet")
+class RouterSet(Payload):
+    """An alias becomes a router over approved revisions: its rules in order (the first
+    that applies chooses), then the alias's own revision. `fallbacks`: smaller revisions
+    to downgrade to, in order, when the chosen one has no capacity (the overload ladder)."""
+
+    alias: str = Field(min_length=1, max_length=128)
+    rules: tuple[RouteRule, ...] = Field(default=(), max_length=100)
+    fallbacks: tuple[str, ...] = Field(default=(), max_length=8)
+    actor: str
+
+
+@event("RouterCleared")
+class RouterCleared(Payload):
+    alias: str
+    actor: str

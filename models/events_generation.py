@@ -94,6 +94,11 @@ class GenerationRequested(Payload):
     # The semantic cache's entry the API found for it: admission settles it at the cache's
     # price and nothing runs (`CacheHit`); absent (and left out of the bytes) otherwise.
     cache: CacheRef | None = Field(default=None, exclude_if=lambda v: v is None)
+    # A router alias's rule that chose `model_revision` (`models.router`; 'fallback' for a
+    # downgrade), and the request this one falls back from (the overload ladder: that one
+    # was refused for capacity, so nothing of it was charged); absent (left out) otherwise.
+    route_rule: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    fallback_from: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # Output tokens the API had sent its client when it went away (reason `client_gone`): the

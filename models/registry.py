@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from models.authz import OWN_LIMIT_FIELDS, tighten
 from models.events import Envelope
 from models.events_admin import (
-    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, CacheInvalidated, CachePolicySet, EvalScoresRecorded, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
+    ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, CacheInvalidated, CachePolicySet, EvalScoresRecorded, RouterCleared, RouterSet, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
     ModelRevisionRetired, TenantCreated, TenantLimitsChanged, TenantOwnLimitsChanged, TenantReinstated,
     TenantSuspended,
 )
@@ -112,6 +112,7 @@ class Registry:
     rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by rollout id, ended ones too
     open_rollouts: dict[str, RolloutState] = field(default_factory=dict)  # by alias: its routing table
     evals: dict[str, dict[str, EvalScore]] = field(default_factory=dict)  # task -> revision -> its latest score
+    routers: dict[str, RouterSet] = field(default_factory=dict)  # alias -> its rules and fallbacks
     cache_policies: dict[tuple[str, str], CachePolicy] = field(default_factory=dict)  # (tenant, alias)
     # Invalidations so far by (tenant, alias), alias None for the tenant's every alias.
     cache_epochs: dict[tuple[str, str | None], int] = field(default_factory=dict)
@@ -145,6 +146,7 @@ class Registry:
                 self.retired.setdefault(p.model_revision, p.reason)
         elif isinstance(p, ModelAliasDeleted):
             self.aliases.pop(p.alias, None)
+            self.routers.pop(p.alias, None)
         elif isinstance(p, TenantLimitsChanged):
             self.grants[p.tenant_id] = Limits.from_payload(p)
             self.limits[p.tenant_id] = tighten(self.grants[p.tenant_id], self.own_limits.get(p.tenant_id))
@@ -162,6 +164,10 @@ class Registry:
                 self.evals.setdefault(row.task, {})[row.model_revision] = EvalScore(
                     row.score, row.samples, p.source, env.occurred_at)
 
+        elif isinstance(p, RouterSet):
+            self.routers[p.alias] = p
+        elif isinstance(p, RouterCleared):
+            self.routers.pop(p.alias, None)
         elif isinstance(p, CachePolicySet):
             self.cache_policies[p.tenant_id, p.model_alias] = CachePolicy(
                 p.enabled, p.threshold, p.ttl_s, p.sampled_too, p.price_output_per_1k_micros)

@@ -54,6 +54,8 @@ generations = Table(
     # Of the output tokens, those its client received where it went away early (NULL: all).
     Column("delivered_output_tokens", Integer),
     Column("cache_entry_id", String(40)),  # answered from this semantic cache entry; NULL: an engine ran it
+    Column("route_rule", String(64)),  # the router rule that chose its revision; NULL: the alias had no router
+    Column("fallback_from", String(200)),  # the revision it fell back from (the overload ladder)
     Column("cost_micros", BigInteger, nullable=False, default=0),
     Column("queued_ms", Integer),
     Column("ttft_ms", Integer),

@@ -7,7 +7,10 @@ Only entries of that partition are searched, so embedding distance is never what
 tenants, system prompts or sampling settings apart. Within it, the nearest entry by
 cosine similarity of the prompts' embeddings (a faiss inner-product index over unit
 vectors) is a hit when it reaches the threshold: the platform's floor, or higher where a
-tenant's policy raises it (never lower).
+tenant's policy raises it (never lower). An entry that close is still no hit when its
+prompt and the one looked up differ in their key terms (`pipelines.key_terms`: numbers,
+negation, opposite senses, names, units, what a conversion goes from and to), which a
+sentence embedding barely sees.
 
 Only deterministic sampling is cacheable (temperature 0), unless the tenant's policy opts
 in to caching sampled answers. Entries hold text, so they live in memory beside the
@@ -29,8 +32,9 @@ from typing import Protocol
 import numpy as np
 
 from models.events import canonical
+from pipelines.key_terms import agree
 
-PLATFORM_FLOOR = 0.92  # the least similarity a hit may have, whatever a tenant asks for
+PLATFORM_FLOOR = 0.90  # the least similarity a hit may have, whatever a tenant asks for (tests/perf/RESULTS.md)
 FLAT_LIMIT = 4096  # a partition searched exactly up to this many entries, by HNSW beyond
 SEARCH_K = 8  # neighbours looked at, so a dead or expired nearest one does not hide a live one
 REBUILD_DEAD_SHARE = 0.5  # an index rebuilt once this share of its entries is dead
@@ -134,8 +138,9 @@ class _Partition:
 
 class SemanticCache:
     def __init__(self, embedder: Embedder, *, floor: float = PLATFORM_FLOOR, max_entries_per_tenant: int = 100_000,
-                 clock=time.monotonic):
+                 clock=time.monotonic, key_terms: bool = True):
         self._embedder, self.floor, self._max = embedder, floor, max_entries_per_tenant
+        self._key_terms = key_terms  # whether a hit's prompt must share the key terms of the one looked up
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, Entry] = {}
@@ -163,12 +168,16 @@ class SemanticCache:
                 entry = self._entries.get(entry_id)
                 if entry is None or entry.expires_s <= now or entry.epoch < epoch:
                     continue
-                best = (score, entry)
-                break  # the results come nearest first
+                if best is None:
+                    best = (score, None)  # the nearest live one, for near-miss figures
+                if score < threshold:
+                    break  # the results come nearest first: none further reaches it
+                if not self._key_terms or agree(prompt, entry.prompt):
+                    best = (score, entry)
+                    break
         if best is None:
             return Lookup(None, None, threshold)
-        score = min(1.0, best[0])
-        return Lookup(best[1] if score >= threshold else None, score, threshold)
+        return Lookup(best[1], min(1.0, best[0]), threshold)
 
     def insert(self, *, tenant_id: str, alias: str, partition: str, prompt: str, answer: str, output_tokens: int,
                input_tokens: int, finish_reason: str, ttl_s: float, epoch: int = 0,

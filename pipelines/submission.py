@@ -16,6 +16,7 @@ from models.events_generation import (
     CacheRef, CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling,
 )
 from models.registry import Principal, Registry
+from models.router import RouteAsk, choose
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, SHADOW_TENANT, stickiness_key
 from pipelines.eventlog import EventLog
 from pipelines.routing import partition_of, publish
@@ -58,6 +59,11 @@ class SubmitGeneration:
     idempotency_key_sha256: str | None = None
     request_sha256: str | None = None
     user: str | None = None  # the caller's end user, if named: the stickiness key of a rollout
+    tag: str | None = None  # the request's routing tag (header `X-Route-Tag`), for a router's static rules
+    # The overload ladder's downgrade: this revision (one of the router's fallbacks), for
+    # the request named, which was refused for capacity.
+    fallback_to: str | None = None
+    fallback_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ def cache_subject(cmd: SubmitGeneration) -> tuple[str, object] | None:
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
     default_deadline_ms: int, stream_offset: int | None = None, fleet: Fleet | None = None,
-    digests: TenantDigests | None = None, cache=None,
+    digests: TenantDigests | None = None, cache=None, cooling: frozenset[str] = frozenset(),
 ) -> Submitted:
     """`stream_offset`: a known lower bound of where the request's stream will start in its
     partition (the API's stream follower has one); the partition's end is read otherwise.
@@ -94,7 +100,9 @@ def submit_generation(
     `digests`: the keys of the prompt's digest (`TenantDigests.from_settings`; the defaults' otherwise).
     `cache`: the API's semantic cache (`pipelines.semantic_cache.AnswerCache`): a hit is
     submitted naming its entry, which admission answers without an engine, so it needs no
-    live worker either."""
+    live worker either. `cooling`: revisions of the alias refused for capacity a moment ago
+    (`api.ladder`): a router sends a request it would route there to its first fallback
+    that is not cooling instead."""
     if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
         raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
                               "grants it (limit may_send_high)", "priority")
@@ -114,14 +122,25 @@ def submit_generation(
                               f"which is retired{': ' + why if why else ''}", "model")
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
-    try:
-        prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)
-        input_tokens = counter.count(revision.model_path, prompt)
-    except TokenizerUnavailable as exc:
-        # The revision's files cannot be read here (an approval naming a path that is not
-        # there): the platform's fault, not the request's, and no crash either.
-        raise SubmissionError(503, "model_unavailable", f"The model '{cmd.model_alias}' cannot be loaded now ({exc})",
-                              "model", retry_after_s=MODEL_UNAVAILABLE_RETRY_S) from None
+    prompt, input_tokens = _prompt_for(cmd, counter, revision)
+    rule, fallback_from = None, cmd.fallback_from
+    router = registry.routers.get(cmd.model_alias)
+    if router is not None and route.rollout_id is None:  # an open rollout's table comes first
+        if cmd.fallback_to is not None:
+            chosen, rule = cmd.fallback_to, "fallback"
+        else:
+            choice = choose(registry, router.rules, revision.model_revision, RouteAsk(
+                principal.tenant_id, principal.application_id, cmd.route, cmd.tag, input_tokens,
+                cache_subject(cmd)[0] if cache_subject(cmd) else prompt))
+            chosen, rule = choice.revision, choice.rule
+            if chosen in cooling:
+                cool = next((r for r in router.fallbacks if r not in cooling and r != chosen
+                             and registry.pinnable(r) is not None), None)
+                if cool is not None:
+                    chosen, rule, fallback_from = cool, "fallback", chosen
+        if chosen != revision.model_revision and registry.pinnable(chosen) is not None:
+            revision = registry.pinnable(chosen)
+            prompt, input_tokens = _prompt_for(cmd, counter, revision)
     if input_tokens >= revision.max_model_len:
         raise SubmissionError(413, "context_length_exceeded", f"{input_tokens} input tokens leave no room for "
                               f"output in this model's context of {revision.max_model_len}", "input")
@@ -147,9 +166,11 @@ def submit_generation(
     if fleet is not None and entry is None:
         pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
         if not fleet.serves_soon(pool, revision.model_revision):
-            raise SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
-                                  f"(revision {revision.model_revision}) now; try again shortly", "model",
-                                  retry_after_s=NO_CAPACITY_RETRY_S)
+            refused = SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
+                                      f"(revision {revision.model_revision}) now; try again shortly", "model",
+                                      retry_after_s=NO_CAPACITY_RETRY_S)
+            refused.model_revision = revision.model_revision  # for the overload ladder
+            raise refused
     request_id = cmd.request_id or "gen_" + uuid.uuid4().hex
     deadline_ms = cmd.deadline_ms if cmd.deadline_ms is not None else default_deadline_ms
     deadline_at = datetime.now(timezone.utc) + timedelta(milliseconds=deadline_ms)
@@ -168,7 +189,7 @@ def submit_generation(
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
         request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
-        cache=hit,
+        cache=hit, route_rule=rule, fallback_from=fallback_from,
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])
@@ -205,6 +226,18 @@ def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Reg
         logger.warning("no shadow copy of %s for %s", request.request_id, rollout.rollout_id, exc_info=True)
         return None
     return shadow_id
+
+
+def _prompt_for(cmd: SubmitGeneration, counter: TokenCounter, revision) -> tuple[str, int]:
+    """The request's prompt as the revision's model sees it, and its input tokens."""
+    try:
+        prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)
+        return prompt, counter.count(revision.model_path, prompt)
+    except TokenizerUnavailable as exc:
+        # The revision's files cannot be read here (an approval naming a path that is not
+        # there): the platform's fault, not the request's, and no crash either.
+        raise SubmissionError(503, "model_unavailable", f"The model '{cmd.model_alias}' cannot be loaded now ({exc})",
+                              "model", retry_after_s=MODEL_UNAVAILABLE_RETRY_S) from None
 
 
 def _room_for_output(registry: Registry, tenant_id: str, revision, input_tokens: int) -> int:

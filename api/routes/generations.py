@@ -21,6 +21,8 @@ from pipelines.submission import TERMINAL_STATUSES, SubmitGeneration, request_ca
 
 router = APIRouter()
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+# A request's routing tag, which a router alias's static rules may match (`models.router`).
+RouteTag = Annotated[str | None, Header(alias="X-Route-Tag", max_length=64)]
 
 
 class GenerationBody(SamplingFields):
@@ -40,11 +42,11 @@ class GenerationBody(SamplingFields):
 
 @router.post("/v1/generations")
 async def create_generation(body: GenerationBody, principal: GenerateDep, svc: ServicesDep, request: Request,
-                            idempotency_key: IdempotencyKey = None):
+                            idempotency_key: IdempotencyKey = None, route_tag: RouteTag = None):
     cmd = SubmitGeneration(
         request_id=body.request_id, model_alias=body.model_alias, prompt=body.input,
         max_output_tokens=body.max_output_tokens, deadline_ms=body.deadline_ms, priority=body.priority,
-        sampling=sampling_of(body), user=body.user,
+        sampling=sampling_of(body), user=body.user, tag=route_tag,
     )
     live = await start_generation(svc, principal, cmd, request=request, body=body.model_dump(mode="json"),
                                   idempotency_key=idempotency_key, id_prefix="gen_")
@@ -54,7 +56,7 @@ async def create_generation(body: GenerationBody, principal: GenerateDep, svc: S
     if isinstance(last.env.payload, GenerationFailed):
         raise failure_error(last.env.payload)
     return JSONResponse({**event_json(last), "id": live.request_id, "output": text},
-                        headers={"X-Request-Id": live.request_id})
+                        headers={"X-Request-Id": live.request_id, **live.route_headers})
 
 
 @router.get("/v1/generations/{request_id}")

@@ -26,6 +26,7 @@ from pipelines.submission import SubmitGeneration
 
 router = APIRouter()
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+RouteTag = Annotated[str | None, Header(alias="X-Route-Tag", max_length=64)]
 MaxTokens = Field(default=None, gt=0, le=1_000_000)
 
 
@@ -92,19 +93,19 @@ _UNSUPPORTED_TEXT = ("logprobs", "logit_bias", "suffix")
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatBody, principal: GenerateDep, svc: ServicesDep, request: Request,
-                           idempotency_key: IdempotencyKey = None):
+                           idempotency_key: IdempotencyKey = None, route_tag: RouteTag = None):
     body.refuse_unsupported(_UNSUPPORTED_CHAT)
     cmd = SubmitGeneration(
         request_id=None, model_alias=body.model, prompt=None,
         messages=tuple(m.as_template_input() for m in body.messages),
         max_output_tokens=body.max_completion_tokens or body.max_tokens, deadline_ms=body.deadline_ms,
-        priority=body.priority, sampling=body.sampling(), route="chat.completions", user=body.user)
+        priority=body.priority, sampling=body.sampling(), route="chat.completions", user=body.user, tag=route_tag)
     return await _respond(svc, principal, cmd, body, request, idempotency_key, "chat", "chatcmpl-")
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionBody, principal: GenerateDep, svc: ServicesDep, request: Request,
-                      idempotency_key: IdempotencyKey = None):
+                      idempotency_key: IdempotencyKey = None, route_tag: RouteTag = None):
     body.refuse_unsupported(_UNSUPPORTED_TEXT)
     if body.echo:
         raise ApiError(400, "'echo' is not supported", code="unsupported_parameter", param="echo")
@@ -114,7 +115,7 @@ async def completions(body: CompletionBody, principal: GenerateDep, svc: Service
     cmd = SubmitGeneration(
         request_id=None, model_alias=body.model, prompt=prompts[0], max_output_tokens=body.max_tokens,
         deadline_ms=body.deadline_ms, priority=body.priority, sampling=body.sampling(), route="completions",
-        user=body.user)
+        user=body.user, tag=route_tag)
     return await _respond(svc, principal, cmd, body, request, idempotency_key, "text", "cmpl-")
 
 
@@ -129,4 +130,5 @@ async def _respond(svc, principal, cmd: SubmitGeneration, body: _Common, request
     text, last = await collect(svc, live, request)
     if isinstance(last.env.payload, GenerationFailed):
         raise failure_error(last.env.payload)
-    return JSONResponse(shape.response(text, last.env.payload), headers={"X-Request-Id": live.request_id})
+    return JSONResponse(shape.response(text, last.env.payload),
+                        headers={"X-Request-Id": live.request_id, **live.route_headers})

@@ -1,4 +1,5 @@
-"""generations answered from the semantic cache: the entry, and the usage row's mark
+"""generations answered from the semantic cache (the entry, and the usage row's mark), and
+the router rule that chose a generation's revision and the revision it fell back from
 
 Revision ID: 0008
 Revises: 0007
@@ -16,6 +17,8 @@ def upgrade() -> None:
     # NULL: an engine ran it, which is what every older row records.
     with op.batch_alter_table('generations') as batch:
         batch.add_column(sa.Column('cache_entry_id', sa.String(40)))
+        batch.add_column(sa.Column('route_rule', sa.String(64)))
+        batch.add_column(sa.Column('fallback_from', sa.String(200)))
     with op.batch_alter_table('usage_ledger') as batch:
         batch.add_column(sa.Column('cached', sa.Boolean()))
 
@@ -24,4 +27,6 @@ def downgrade() -> None:
     with op.batch_alter_table('usage_ledger') as batch:
         batch.drop_column('cached')
     with op.batch_alter_table('generations') as batch:
+        batch.drop_column('fallback_from')
+        batch.drop_column('route_rule')
         batch.drop_column('cache_entry_id')

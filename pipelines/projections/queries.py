@@ -61,6 +61,7 @@ def status_from_row(r) -> dict[str, Any]:
         "timings": {"queued_ms": r["queued_ms"], "ttft_ms": r["ttft_ms"], "duration_ms": r["duration_ms"]},
         "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
         "cached": bool(r.get("cache_entry_id")),
+        "route": {"rule": r.get("route_rule"), "fallback_from": r.get("fallback_from")},
     }
 
 

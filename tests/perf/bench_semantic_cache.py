@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.key_terms import agree
 from pipelines.semantic_cache import SemanticCache
 from pipelines.similarity import Embedder, model_dir
 
@@ -80,22 +81,30 @@ def lookup_latency(size: int, dim: int = 384, probes: int = 2000) -> dict:
 
 
 def paraphrase_rates(embedder, rows: list[dict]) -> dict:
+    """Hit and false-hit rates per threshold, as the cache decides (similarity at least the
+    threshold and the key terms agreeing, `pipelines.key_terms`) and by similarity alone."""
     anchors = embedder.embed([r["anchor"] for r in rows])
     probes = embedder.embed([r["probe"] for r in rows])
     sims = [float(np.dot(a, b)) for a, b in zip(anchors, probes)]
-    paraphrase = [s for s, r in zip(sims, rows) if r["label"] == "paraphrase"]
-    negatives = [(s, r["kind"]) for s, r in zip(sims, rows) if r["label"] == "hard_negative"]
+    agreed = [agree(r["anchor"], r["probe"]) for r in rows]
+    paraphrase = [(s, ok) for s, ok, r in zip(sims, agreed, rows) if r["label"] == "paraphrase"]
+    negatives = [(s, ok, r["kind"]) for s, ok, r in zip(sims, agreed, rows) if r["label"] == "hard_negative"]
+    kinds = sorted({k for *_, k in negatives})
     out = {"paraphrases": len(paraphrase), "hard_negatives": len(negatives), "by_threshold": []}
     for t in THRESHOLDS:
-        false = sum(s >= t for s, _ in negatives)
-        kinds = sorted({k for _, k in negatives})
+        false = sum(s >= t and ok for s, ok, _ in negatives)
+        false_alone = sum(s >= t for s, _, _ in negatives)
         out["by_threshold"].append({
-            "threshold": t, "hit_rate": round(sum(s >= t for s in paraphrase) / len(paraphrase), 3),
+            "threshold": t, "hit_rate": round(sum(s >= t and ok for s, ok in paraphrase) / len(paraphrase), 3),
             "false_hit_rate": round(false / len(negatives), 4),
             "false_hit_upper_95": round(upper_bound(false, len(negatives)), 4),
-            "false_hits_by_kind": {k: sum(s >= t for s, kk in negatives if kk == k) for k in kinds}})
-    out["median_similarity"] = {"paraphrase": round(statistics.median(paraphrase), 3),
-                                "hard_negative": round(statistics.median(s for s, _ in negatives), 3)}
+            "false_hits_by_kind": {k: sum(s >= t and ok for s, ok, kk in negatives if kk == k) for k in kinds},
+            "similarity_alone": {"hit_rate": round(sum(s >= t for s, _ in paraphrase) / len(paraphrase), 3),
+                                 "false_hit_rate": round(false_alone / len(negatives), 4)}})
+    out["median_similarity"] = {"paraphrase": round(statistics.median(s for s, _ in paraphrase), 3),
+                                "hard_negative": round(statistics.median(s for s, _, _ in negatives), 3)}
+    out["key_terms_disagree"] = {"paraphrases": sum(not ok for _, ok in paraphrase),
+                                 "hard_negatives": sum(not ok for _, ok, _ in negatives)}
     return out
 
 

@@ -119,5 +119,5 @@ def test_a_tenant_s_entries_are_bounded_oldest_first_and_large_partitions_stay_s
     entries = [big.insert(tenant_id="acme", alias="chat", partition="p", prompt=str(i), answer="a", output_tokens=1,
                           input_tokens=1, finish_reason="stop", ttl_s=60, vector=v) for i, v in enumerate(vectors)]
     for i in (0, sc.FLAT_LIMIT, len(vectors) - 1):
-        found = big.lookup(partition="p", prompt="", vector=vectors[i])
+        found = big.lookup(partition="p", prompt=str(i), vector=vectors[i])
         assert found.entry == entries[i] and found.similarity == pytest.approx(1.0, abs=1e-5)
