@@ -45,7 +45,7 @@ _POLAR = {
     "long": ("brief", -1), "import": ("port", 1), "export": ("port", -1), "upload": ("load", 1),
     "download": ("load", -1), "open": ("open", 1), "close": ("open", -1), "include": ("incl", 1),
     "exclude": ("incl", -1), "accept": ("accept", 1), "reject": ("accept", -1), "allow": ("allow", 1),
-    "block": ("allow", -1), "deny": ("allow", -1), "make": ("make", 1), "stop": ("make", -1),
+    "block": ("allow", -1), "deny": ("allow", -1),
 }
 # A conversion names what it goes from and to: in a prompt with one of these words, the
 # word after each `from`, `to` and `into` (past an article) is a key term in its place.
