@@ -20,6 +20,7 @@ from api.routes import batches, files, summarizations
 from api.routes import audit as audit_routes, usage as usage_routes
 from api.routes import fleet as fleet_routes, health as health_routes
 from api.routes import cache as cache_routes, evals as eval_routes, rollouts as rollout_routes
+from api.routes import routers as router_routes
 from api.stream_hub import StreamHub
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
@@ -124,7 +125,7 @@ def create_app(services: Services) -> FastAPI:
         (summarizations.router, openapi.UPLOADS), (usage_routes.router, openapi.READS),
         (audit_routes.router, openapi.READS), (fleet_routes.router, openapi.READS), (health_routes.router, {}),
         (rollout_routes.router, openapi.OBJECTS), (eval_routes.router, openapi.OBJECTS),
-        (cache_routes.router, openapi.OBJECTS),
+        (cache_routes.router, openapi.OBJECTS), (router_routes.router, openapi.OBJECTS),
     ]:
         app.include_router(router, responses=responses)
     return app

@@ -123,7 +123,7 @@ def submit_generation(
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
     prompt, input_tokens = _prompt_for(cmd, counter, revision)
-    rule, fallback_from = None, cmd.fallback_from
+    rule, fallback_from, cool_to = None, cmd.fallback_from, None
     router = registry.routers.get(cmd.model_alias)
     if router is not None and route.rollout_id is None:  # an open rollout's table comes first
         if cmd.fallback_to is not None:
@@ -133,24 +133,13 @@ def submit_generation(
                 principal.tenant_id, principal.application_id, cmd.route, cmd.tag, input_tokens,
                 cache_subject(cmd)[0] if cache_subject(cmd) else prompt))
             chosen, rule = choice.revision, choice.rule
-            if chosen in cooling:
-                cool = next((r for r in router.fallbacks if r not in cooling and r != chosen
-                             and registry.pinnable(r) is not None), None)
-                if cool is not None:
-                    chosen, rule, fallback_from = cool, "fallback", chosen
+            if chosen in cooling:  # the ladder: after a cache hit is looked for
+                cool_to = next((r for r in router.fallbacks if r not in cooling and r != chosen
+                                and registry.pinnable(r) is not None), None)
         if chosen != revision.model_revision and registry.pinnable(chosen) is not None:
             revision = registry.pinnable(chosen)
             prompt, input_tokens = _prompt_for(cmd, counter, revision)
-    if input_tokens >= revision.max_model_len:
-        raise SubmissionError(413, "context_length_exceeded", f"{input_tokens} input tokens leave no room for "
-                              f"output in this model's context of {revision.max_model_len}", "input")
-    max_output_tokens = cmd.max_output_tokens or _room_for_output(registry, principal.tenant_id, revision,
-                                                                  input_tokens)
-    if input_tokens + max_output_tokens > revision.max_model_len:
-        raise SubmissionError(
-            400, "context_length_exceeded",
-            f"{input_tokens} input tokens + {max_output_tokens} output tokens exceed this model's "
-            f"context of {revision.max_model_len}", "max_tokens")
+    max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens)
     query = entry = hit = None
     subject = cache_subject(cmd) if cache is not None else None
     if subject is not None:
@@ -163,6 +152,11 @@ def submit_generation(
             hit = CacheRef(entry_id=entry.entry_id, source_request_id=entry.source_request_id,
                            similarity=found.similarity, threshold=found.threshold, output_tokens=entry.output_tokens,
                            finish_reason=entry.finish_reason)
+    if entry is None and cool_to is not None:  # no hit: down to the smaller revision
+        fallback_from, rule, revision = revision.model_revision, "fallback", registry.pinnable(cool_to)
+        prompt, input_tokens = _prompt_for(cmd, counter, revision)
+        max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens)
+        query = None  # its answer is the fallback's, not what the cache was asked for
     if fleet is not None and entry is None:
         pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
         if not fleet.serves_soon(pool, revision.model_revision):
@@ -226,6 +220,20 @@ def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Reg
         logger.warning("no shadow copy of %s for %s", request.request_id, rollout.rollout_id, exc_info=True)
         return None
     return shadow_id
+
+
+def _fits(cmd: SubmitGeneration, registry: Registry, tenant_id: str, revision, input_tokens: int) -> int:
+    """The request's output limit on this revision; raises when its context cannot hold it."""
+    if input_tokens >= revision.max_model_len:
+        raise SubmissionError(413, "context_length_exceeded", f"{input_tokens} input tokens leave no room for "
+                              f"output in this model's context of {revision.max_model_len}", "input")
+    max_output_tokens = cmd.max_output_tokens or _room_for_output(registry, tenant_id, revision, input_tokens)
+    if input_tokens + max_output_tokens > revision.max_model_len:
+        raise SubmissionError(
+            400, "context_length_exceeded",
+            f"{input_tokens} input tokens + {max_output_tokens} output tokens exceed this model's "
+            f"context of {revision.max_model_len}", "max_tokens")
+    return max_output_tokens
 
 
 def _prompt_for(cmd: SubmitGeneration, counter: TokenCounter, revision) -> tuple[str, int]:

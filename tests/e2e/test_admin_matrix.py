@@ -41,6 +41,9 @@ POLICY = {
     ("PUT", "/v1/admin/tenants/{tenant_id}/cache/{alias}"): TENANT,
     ("POST", "/v1/admin/tenants/{tenant_id}/cache/invalidate"): TENANT,
     ("GET", "/v1/admin/tenants/{tenant_id}/cache"): TENANT,
+    ("PUT", "/v1/admin/routers/{alias}"): OPERATOR,
+    ("GET", "/v1/admin/routers/{alias}"): OPERATOR,
+    ("DELETE", "/v1/admin/routers/{alias}"): OPERATOR,
     ("POST", "/v1/admin/revisions/{model_revision:path}/drain"): OPERATOR,
 }
 
