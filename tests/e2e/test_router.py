@@ -94,3 +94,65 @@ def test_a_router_chooses_by_rule_and_eval_table_and_falls_back_to_a_smaller_rev
         assert ops.delete(f"/v1/admin/routers/{alias}").status_code == 200
         plain = generate(client)
         assert plain.status_code == 503 and plain.json()["error"]["code"] == "no_capacity", "no router: no ladder"
+
+
+def test_routing_decisions_and_cache_hits_replay_the_same(platform, tmp_path):
+    """The platform's log, projected live and replayed into another database, gives the
+    same rows for routed, fallen-back and cached generations: which rule chose which
+    revision, and which cache entry answered, are on the log, not in an API's memory."""
+    import hashlib
+
+    import sqlalchemy as sa
+
+    from migrations.runner import upgrade
+    from models.events import canonical
+    from models.tables import generations, usage_ledger
+    from pipelines.audit.replay import replay
+    from pipelines.projections.sql import open_projection_db
+    from tests.integration.conftest_ledger import EVERY, SIGNER, project
+
+    _, operator = platform.tenant(scopes=("admin",))
+    tenant_id, secret = platform.tenant()
+    with pool_of(platform, workers=1, pause_s=0.002, name="replay") as own, platform.client(operator) as ops, \
+            platform.client(secret) as client:
+        assert ops.put(f"/v1/admin/routers/{own.alias}", json={"rules": [
+            {"name": "tagged", "tag": "shared", "revision": platform.model_revision}]}).status_code == 200
+        assert ops.put(f"/v1/admin/tenants/{tenant_id}/cache/{own.alias}", json={}).status_code == 200
+        ids = {}
+        for name, headers in (("tagged", {"X-Route-Tag": "shared"}), ("default", {}), ("cached", {})):
+            r = client.post("/v1/generations", headers=headers, json={
+                "model_alias": own.alias, "input": "Name a river in Egypt.", "max_output_tokens": 2,
+                "temperature": 0, "ignore_eos": True, "stream": False})
+            assert r.status_code == 200, r.text
+            ids[name] = r.json()["id"]
+            status(client, ids[name])
+    live_url = f"sqlite:///{tmp_path / 'live.db'}"
+    upgrade(live_url)
+    log = platform.open_log()
+    platform.logs.append(log)
+    project(log, live_url)
+    replayed_url = f"sqlite:///{tmp_path / 'replayed.db'}"
+    replay(log, replayed_url, SIGNER, checkpoint_every=EVERY)
+
+    def ours(url: str) -> tuple[dict, str]:
+        engine = open_projection_db(url)
+        try:
+            with engine.connect() as conn:
+                rows = {r.request_id: r._mapping for r in conn.execute(
+                    sa.select(generations).where(generations.c.tenant_id == tenant_id))}
+                usage = [tuple(r) for r in conn.execute(sa.select(usage_ledger).where(
+                    usage_ledger.c.tenant_id == tenant_id).order_by(usage_ledger.c.source_id))]
+            digest = hashlib.sha256(canonical([[str(v) for v in rows[k].values()] for k in sorted(rows)])
+                                    + canonical([[str(v) for v in u] for u in usage])).hexdigest()
+            return {k: dict(v) for k, v in rows.items()}, digest
+        finally:
+            engine.dispose()
+
+    live, live_digest = ours(live_url)
+    again, replayed_digest = ours(replayed_url)
+    assert replayed_digest == live_digest
+    assert (live[ids["tagged"]]["route_rule"], live[ids["tagged"]]["model_revision"]) == ("tagged",
+                                                                                          platform.model_revision)
+    assert (live[ids["default"]]["route_rule"], live[ids["default"]]["model_revision"]) == ("default", own.revision)
+    assert live[ids["default"]]["cache_entry_id"] is None and live[ids["cached"]]["cache_entry_id"] is not None
+    assert again[ids["cached"]]["cache_entry_id"] == live[ids["cached"]]["cache_entry_id"]
