@@ -137,6 +137,14 @@ def add_admin_parser(sub) -> None:
     dead.add_argument("--alias")
     dead.add_argument("--reason")
     cache.add_parser("show", help="the tenant's cache policies").add_argument("tenant_id")
+    routers = what.add_parser("router", help="router aliases: rules choosing a revision, and fallbacks") \
+        .add_subparsers(dest="action", required=True)
+    set_router = routers.add_parser("set", help="an alias's rules (a JSON list) and fallback revisions")
+    set_router.add_argument("alias")
+    set_router.add_argument("--rules", type=Path, help="a JSON file: a list of rules; - for stdin")
+    set_router.add_argument("--fallbacks", default="", help="revisions to downgrade to, in order, comma-separated")
+    routers.add_parser("show").add_argument("alias")
+    routers.add_parser("clear").add_argument("alias")
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
@@ -242,6 +250,29 @@ def _run(admin, view, args, actor: str, settings: Settings):
         yield from _eval_lines(view, args, actor)
     elif what == "cache":
         yield from _cache_lines(view, args, actor)
+    elif what == "router":
+        yield from _router_lines(view, args, actor)
+
+
+def _router_lines(view, args, actor: str):
+    from pipelines import admin, router_admin
+
+    if args.action == "set":
+        rules = []
+        if args.rules is not None:
+            try:
+                rules = json.loads(sys.stdin.read() if str(args.rules) == "-" else args.rules.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise admin.AdminError(f"cannot read rules from {args.rules}: {exc}") from None
+            if not isinstance(rules, list):
+                raise admin.AdminError("the rules are a JSON list of objects")
+        router_admin.set_router(view, alias=args.alias, rules=rules,
+                                fallbacks=[f for f in args.fallbacks.split(",") if f], actor=actor)
+    elif args.action == "clear":
+        router_admin.clear_router(view, alias=args.alias, actor=actor)
+        yield {"alias": args.alias, "cleared": True}
+        return
+    yield router_admin.describe(view.refresh(), args.alias)
 
 
 def _cache_lines(view, args, actor: str):

@@ -43,8 +43,22 @@ def test_admin_cli_manages_tenants_keys_limits_and_models(tmp_path):
     assert lines(ledgerlm(tmp_path, "model", "alias", "tiny-acme", "tiny@abc", "--tenants", "acme")) == [
         {"alias": "tiny-acme", "model_revision": "tiny@abc"}]
 
+    [policy] = lines(ledgerlm(tmp_path, "cache", "set", "acme", "tiny", "--threshold", "0.95",
+                              "--price-output-per-1k-micros", "200"))
+    assert (policy["enabled"], policy["threshold"], policy["price_output_per_1k_micros"]) == (True, 0.95, 200)
+    assert lines(ledgerlm(tmp_path, "cache", "invalidate", "acme", "--alias", "tiny"))[0]["invalidated"]
+    [shown] = lines(ledgerlm(tmp_path, "cache", "show", "acme"))
+    assert shown["invalidations"] == 1 and shown["ttl_s"] == 3600
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"name": "acme", "tenant": "acme", "revision": "tiny@abc"}]))
+    [router] = lines(ledgerlm(tmp_path, "router", "set", "tiny", "--rules", str(rules), "--fallbacks", "tiny@abc"))
+    assert [r["name"] for r in router["rules"]] == ["acme"] and router["fallbacks"] == ["tiny@abc"]
+    assert lines(ledgerlm(tmp_path, "router", "show", "tiny")) == [router]
+    assert lines(ledgerlm(tmp_path, "router", "clear", "tiny")) == [{"alias": "tiny", "cleared": True}]
+
     for bad in (["limits", "set", "nobody", "--max-concurrent", "1"], ["tenant", "create", "acme"],
-                ["model", "alias", "x", "no-such-revision"]):
+                ["model", "alias", "x", "no-such-revision"], ["cache", "set", "acme", "tiny", "--threshold", "0.2"],
+                ["router", "show", "tiny"], ["router", "set", "tiny", "--fallbacks", "no-such@1"]):
         result = ledgerlm(tmp_path, *bad)
         assert result.returncode == 2 and result.stderr.startswith("error:"), (bad, result.stderr)
 
