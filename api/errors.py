@@ -32,12 +32,13 @@ class ClientGone(Exception):
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, model_revision: str | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.headers = status, message, code, param, headers
+        self.model_revision = model_revision  # a revision refused for capacity, for the overload ladder
 
 
-def rejection_error(rejected: GenerationRejected) -> "ApiError":
+def rejection_error(rejected: GenerationRejected, model_revision: str | None = None) -> "ApiError":
     """The HTTP form of an admission rejection. Load and budgets are a 429 with the
     Retry-After admission worked out; a deadline or budget that this request can never
     meet (admission gives no time to come back) is a 400: retrying would not help."""
@@ -47,7 +48,7 @@ def rejection_error(rejected: GenerationRejected) -> "ApiError":
     headers = None
     if status in (429, 503):  # the fleet's 503s (shed, no live worker) say when to come back too
         headers = {"Retry-After": str(max(1, math.ceil((rejected.retry_after_ms or 1000) / 1000)))}
-    return ApiError(status, rejected.message, code=rejected.reason, headers=headers)
+    return ApiError(status, rejected.message, code=rejected.reason, headers=headers, model_revision=model_revision)
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:

@@ -108,7 +108,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
             return await _start_once(svc, principal, cmd, request=request, body=body,
                                      idempotency_key=idempotency_key, id_prefix=id_prefix)
         except (ApiError, SubmissionError) as exc:
-            refused = getattr(exc, "model_revision", None)
+            refused = exc.model_revision
             if exc.code not in FALLBACK_CODES or refused is None:
                 raise
             svc.ladder.refused(cmd.model_alias, refused)
@@ -288,9 +288,7 @@ def _admitted(stream: RequestStream, first: StreamEvent, wait_s: float, *, repla
               revision: str | None = None) -> Live:
     if isinstance(first.env.payload, GenerationRejected):
         stream.close()
-        error = rejection_error(first.env.payload)
-        error.model_revision = revision  # what was refused, for the overload ladder
-        raise error
+        raise rejection_error(first.env.payload, revision)
     return Live(stream, first, asyncio.get_running_loop().time() + wait_s, replayed)
 
 

@@ -27,10 +27,14 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "r
 
 
 class SubmissionError(ValueError):
+    """`model_revision`: the revision refused for capacity, which the overload ladder may
+    fall back from (`api.live`)."""
+
     def __init__(self, status: int, code: str, message: str, param: str | None = None,
-                 retry_after_s: int | None = None):
+                 retry_after_s: int | None = None, model_revision: str | None = None):
         super().__init__(message)
         self.status, self.code, self.param, self.retry_after_s = status, code, param, retry_after_s
+        self.model_revision = model_revision
 
 
 class Fleet(Protocol):
@@ -123,6 +127,7 @@ def submit_generation(
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
     prompt, input_tokens = _prompt_for(cmd, counter, revision)
+    subject = cache_subject(cmd)
     rule, fallback_from, cool_to = None, cmd.fallback_from, None
     router = registry.routers.get(cmd.model_alias)
     if router is not None and route.rollout_id is None:  # an open rollout's table comes first
@@ -131,7 +136,7 @@ def submit_generation(
         else:
             choice = choose(registry, router.rules, revision.model_revision, RouteAsk(
                 principal.tenant_id, principal.application_id, cmd.route, cmd.tag, input_tokens,
-                cache_subject(cmd)[0] if cache_subject(cmd) else prompt))
+                subject[0] if subject else prompt))
             chosen, rule = choice.revision, choice.rule
             if chosen in cooling:  # the ladder: after a cache hit is looked for
                 cool_to = next((r for r in router.fallbacks if r not in cooling and r != chosen
@@ -140,18 +145,10 @@ def submit_generation(
             revision = registry.pinnable(chosen)
             prompt, input_tokens = _prompt_for(cmd, counter, revision)
     max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens)
-    query = entry = hit = None
-    subject = cache_subject(cmd) if cache is not None else None
-    if subject is not None:
-        query = cache.query(registry, tenant_id=principal.tenant_id, alias=cmd.model_alias,
-                            revision=revision.model_revision, text=subject[0], context=subject[1],
-                            sampling={**cmd.sampling.model_dump(), "max_output_tokens": max_output_tokens})
-        found = cache.find(query) if query is not None else None
-        if found is not None and found.entry is not None:
-            entry = found.entry
-            hit = CacheRef(entry_id=entry.entry_id, source_request_id=entry.source_request_id,
-                           similarity=found.similarity, threshold=found.threshold, output_tokens=entry.output_tokens,
-                           finish_reason=entry.finish_reason)
+    query, entry, hit = None, None, None
+    if cache is not None and subject is not None:
+        query, entry, hit = _look_up(cache, subject, registry, principal.tenant_id, cmd, revision.model_revision,
+                                     max_output_tokens)
     if entry is None and cool_to is not None:  # no hit: down to the smaller revision
         fallback_from, rule, revision = revision.model_revision, "fallback", registry.pinnable(cool_to)
         prompt, input_tokens = _prompt_for(cmd, counter, revision)
@@ -160,11 +157,9 @@ def submit_generation(
     if fleet is not None and entry is None:
         pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
         if not fleet.serves_soon(pool, revision.model_revision):
-            refused = SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
-                                      f"(revision {revision.model_revision}) now; try again shortly", "model",
-                                      retry_after_s=NO_CAPACITY_RETRY_S)
-            refused.model_revision = revision.model_revision  # for the overload ladder
-            raise refused
+            raise SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
+                                  f"(revision {revision.model_revision}) now; try again shortly", "model",
+                                  retry_after_s=NO_CAPACITY_RETRY_S, model_revision=revision.model_revision)
     request_id = cmd.request_id or "gen_" + uuid.uuid4().hex
     deadline_ms = cmd.deadline_ms if cmd.deadline_ms is not None else default_deadline_ms
     deadline_at = datetime.now(timezone.utc) + timedelta(milliseconds=deadline_ms)
@@ -220,6 +215,22 @@ def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Reg
         logger.warning("no shadow copy of %s for %s", request.request_id, rollout.rollout_id, exc_info=True)
         return None
     return shadow_id
+
+
+def _look_up(cache, subject: tuple[str, object], registry: Registry, tenant_id: str, cmd: SubmitGeneration,
+             revision: str, max_output_tokens: int):
+    """The request's look at the semantic cache (None where its policy has the cache off or
+    its sampling is not cacheable), and on a hit its entry and the reference to pin."""
+    query = cache.query(registry, tenant_id=tenant_id, alias=cmd.model_alias, revision=revision, text=subject[0],
+                        context=subject[1], sampling={**cmd.sampling.model_dump(),
+                                                      "max_output_tokens": max_output_tokens})
+    found = cache.find(query) if query is not None else None
+    if found is None or found.entry is None:
+        return query, None, None
+    entry = found.entry
+    return query, entry, CacheRef(entry_id=entry.entry_id, source_request_id=entry.source_request_id,
+                                  similarity=found.similarity, threshold=found.threshold,
+                                  output_tokens=entry.output_tokens, finish_reason=entry.finish_reason)
 
 
 def _fits(cmd: SubmitGeneration, registry: Registry, tenant_id: str, revision, input_tokens: int) -> int:
