@@ -47,6 +47,10 @@ class WorkerHeartbeat(Announcement):
     free_slots: int = Field(ge=0)
     kv_cache_usage: float = Field(ge=0.0, le=1.0)
     output_tokens_per_s: float = Field(ge=0.0)
+    # The partitions of each work topic the worker owns now (its consumer group's share), so
+    # admission can place work by worker (`pipelines.placement`); absent (and left out of
+    # the bytes) from workers that do not say.
+    work_partitions: dict[str, list[int]] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("WorkerDraining")

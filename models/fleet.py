@@ -50,6 +50,7 @@ class WorkerState:
     left_at: datetime | None = None
     left_reason: str | None = None
     exit_code: int | None = None
+    work_partitions: dict[str, list[int]] | None = None  # of the last heartbeat that said
 
     def lost_after(self, lost_after_s: float | None) -> timedelta:
         if lost_after_s is None:
@@ -112,7 +113,8 @@ class FleetState:
         self._workers[hb.worker_id] = replace(
             base, **_announced(hb), last_seen=max(base.last_seen, at), seq=hb.seq, running=hb.running,
             waiting=hb.waiting, free_slots=hb.free_slots, kv_cache_usage=hb.kv_cache_usage,
-            output_tokens_per_s=hb.output_tokens_per_s, draining=base.draining or hb.draining)
+            output_tokens_per_s=hb.output_tokens_per_s, draining=base.draining or hb.draining,
+            work_partitions=hb.work_partitions)
 
     def forget(self, before: datetime) -> int:
         """Drops workers that left or went silent before `before` (bounds memory); returns how many."""

@@ -56,6 +56,7 @@ from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.outage import Readiness, is_transient, keep_running
+from pipelines.placement import DEFAULT_SLACK, Placement, owners_by_topic
 from pipelines.routing import Outputs, to_outputs
 from pipelines.service_readback import read_back_rates
 from pipelines.suspension import SuspensionSweep
@@ -244,12 +245,13 @@ class AdmissionProcessor:
     # and markers), so a settlement alone cost as much as the reservation it ends.
     SETTLE_LINGER_S = 0.25
     POLL_RECORDS = 200
+    OWNERS_EVERY_S = 0.25  # how stale the owners of work partitions may be (`_owners_of`)
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  floors: Floors | None = None, taker: Taker | None = None,
                  on_written: Callable[[Outputs], None] | None = None,
                  lost_after_s: float | None = DEFAULT_LOST_AFTER_S, fleet: FleetWatch | None = None,
-                 queue_bound: QueueBound | None = None):
+                 queue_bound: QueueBound | None = None, affinity_slack: int = DEFAULT_SLACK):
         """`lost_after_s`: how long a worker is silent before its generations end (None: never,
         they expire); `fleet` replaces the watch it would make for that, and gives the live
         capacity admission decides with (`pipelines.capacity`, bounded by `queue_bound`; `floors`:
@@ -283,6 +285,10 @@ class AdmissionProcessor:
         self.estimate: ServiceEstimate = self.capacity.estimate  # the quota's, followed with the rates
         self._pruned_at = 0.0
         self.suspension = SuspensionSweep(registry_view)
+        self.placement = Placement(slack=affinity_slack)
+        self._owners: dict[str, dict[int, str]] = {}
+        self._slots: dict[str, int] = {}
+        self._owners_at = float("-inf")
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -290,6 +296,7 @@ class AdmissionProcessor:
     def _rebuild(self, owned: set[int]) -> None:
         self.book, self._clock = rebuild(self._log, owned)
         self.capacity.forget_queue()
+        self.placement.forget()
         registry = self._registry_view.refresh()  # the pools the rates were measured for
         read_back_rates(self._log, self._consumer, owned, self.capacity, key=lambda env: self._key(registry, env))
         if self.fleet is not None:  # which worker runs what: read back from the outcomes topic
@@ -307,17 +314,42 @@ class AdmissionProcessor:
                                        grace=self._grace, estimate=self.estimate,
                                        queued_at=datetime.now(timezone.utc), capacity=self.capacity)
             outputs = self._offer(outputs) if self._taker is not None else outputs
-            for _, out in outputs:  # what a taker started does not wait
+            placed: Outputs = []
+            for topic, out in outputs:  # what a taker started does not wait
                 if isinstance(out.payload, GenerationQueued):
                     self.capacity.queued(p.request_id, self._key(registry, env), p.priority)
-            return outputs
+                    out = self._place(topic, out)
+                placed.append((topic, out))
+            return placed
         if isinstance(p, GenerationStarted):
             self.capacity.started(p.request_id, self._key(registry, env), p.queued_ms)
             self.book.started(p.request_id, p.worker_id)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
             self.capacity.ended(p.request_id, self._key(registry, env), p)
+            self.placement.ended(p.request_id)
             return handle_terminal(env, registry=registry, book=self.book)
         return []
+
+    def _place(self, topic: Topic, queued: Envelope) -> Envelope:
+        """Queued work on the partition `pipelines.placement` chooses for it (a revision's
+        request-keyed work topics; the tenant-keyed ones keep their key's)."""
+        if topic.keyed_by != "request":
+            return queued
+        req = queued.payload.request
+        owners = self._owners_of(topic.name) if req.affinity is not None else None
+        partition = self.placement.choose(topic.name, topic.partitions, req.request_id, req.affinity, owners,
+                                          self._slots)
+        return queued.model_copy(update={"payload": queued.payload.model_copy(update={"work_partition": partition})})
+
+    def _owners_of(self, topic_name: str) -> dict[int, str] | None:
+        """Which live worker owns each partition of a work topic, as their heartbeats said
+        (looked at no more than every `OWNERS_EVERY_S`)."""
+        if self.fleet is None:
+            return None
+        if time.monotonic() - self._owners_at >= self.OWNERS_EVERY_S:
+            self._owners_at = time.monotonic()
+            self._owners, self._slots = owners_by_topic(self.fleet.view.live())
+        return self._owners.get(topic_name)
 
     @staticmethod
     def _key(registry: Registry, env: Envelope):
@@ -390,6 +422,7 @@ class AdmissionProcessor:
             if time.monotonic() - self._pruned_at >= 1.0:  # queued work that ended unseen (expired, lost)
                 self._pruned_at = time.monotonic()
                 self.capacity.prune(self.book.open)
+                self.placement.prune(self.book.open)
             if self.fleet is not None:
                 lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
                 settling += end_lost(lost, book=self.book, now=now)

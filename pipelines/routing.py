@@ -18,7 +18,9 @@ def key_for(topic: Topic, env: Envelope) -> str:
 
 
 def to_message(topic: Topic, env: Envelope) -> Message:
-    return Message(key=key_for(topic, env), value=encode(env))
+    # Work admission placed on a partition (`pipelines.placement`) goes there, whatever its key.
+    partition = getattr(env.payload, "work_partition", None)
+    return Message(key=key_for(topic, env), value=encode(env), partition=partition)
 
 
 def beside(topic: Topic, env: Envelope, partition: int) -> tuple[str, Message]:

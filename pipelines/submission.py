@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 from models import topics
-from models.events import new_event
+from models.events import canonical, new_event
 from models.digests import TenantDigests
 from models.events_generation import (
     CacheRef, CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling,
@@ -92,6 +92,25 @@ def cache_subject(cmd: SubmitGeneration) -> tuple[str, object] | None:
     return last.get("content") or "", {"kind": "chat", "prior": prior}
 
 
+# A text prompt longer than this shares its first this many characters with the prompts
+# it is placed beside (`prefix_affinity`): about 256 tokens, enough to be worth a worker's cache.
+AFFINITY_PREFIX_CHARS = 1024
+
+
+def prefix_affinity(cmd: SubmitGeneration, tenant_id: str, digests: TenantDigests) -> str | None:
+    """What a request shares with others whose prompts start the same way, as a keyed
+    digest (no text on the durable log): a chat's messages before its last one (system
+    prompt and prior turns), a long text prompt's leading characters. Admission places
+    requests that share it on one work partition while that keeps the pool balanced
+    (`pipelines.placement`). None for a lone chat turn or a short prompt: nothing shared."""
+    if cmd.messages is not None:
+        shared = canonical({"prior": list(cmd.messages[:-1])}).decode() if len(cmd.messages) > 1 else None
+    else:
+        text = cmd.prompt or ""
+        shared = text[:AFFINITY_PREFIX_CHARS] if len(text) > AFFINITY_PREFIX_CHARS else None
+    return None if shared is None else digests.hexdigest(tenant_id, "affinity\0" + shared)[:32]
+
+
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
     default_deadline_ms: int, stream_offset: int | None = None, fleet: Fleet | None = None,
@@ -166,19 +185,21 @@ def submit_generation(
     stream_partition = partition_of(log, topics.STREAM, request_id)
     if stream_offset is None:
         stream_offset = log.end_offset(topics.STREAM.name, stream_partition)
+    digests = digests or TenantDigests.development()
     prompt_env = new_event(PromptSubmitted(request_id=request_id, prompt=prompt),
                            tenant_id=principal.tenant_id, correlation_id=request_id)
     [prompt_record] = publish(log, topics.PROMPTS, [prompt_env])
     request = GenerationRequested(
         request_id=request_id, application_id=principal.application_id, key_id=principal.key_id,
         model_alias=cmd.model_alias, model_revision=revision.model_revision, input_tokens=input_tokens,
-        input_sha256=(digests or TenantDigests.development()).hexdigest(principal.tenant_id, prompt),
+        input_sha256=digests.hexdigest(principal.tenant_id, prompt),
         max_output_tokens=max_output_tokens,
         deadline_at=deadline_at, priority=cmd.priority, sampling=cmd.sampling,
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
         request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
         cache=hit, route_rule=rule, fallback_from=fallback_from,
+        affinity=prefix_affinity(cmd, principal.tenant_id, digests),
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])

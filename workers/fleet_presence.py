@@ -45,6 +45,7 @@ class Load:
     free_slots: int
     kv_cache_usage: float  # 0..1
     output_tokens_per_s: float
+    work_partitions: dict[str, list[int]] | None = None  # work topic -> partitions owned now
 
 
 class FleetPresence:
@@ -85,7 +86,7 @@ class FleetPresence:
                 **self._who(), seq=self._seq, draining=self._draining, running=load.running,
                 waiting=load.waiting, free_slots=load.free_slots,
                 kv_cache_usage=min(1.0, max(0.0, load.kv_cache_usage)),
-                output_tokens_per_s=max(0.0, load.output_tokens_per_s))
+                output_tokens_per_s=max(0.0, load.output_tokens_per_s), work_partitions=load.work_partitions)
         except Exception:
             logger.exception("fleet: %s could not read its load; no heartbeat this time", self.identity.worker_id)
             return

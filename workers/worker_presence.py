@@ -34,6 +34,16 @@ class TokenRate:
         return (total - before) / (now - then) if now > then else 0.0
 
 
+def owned_work(assigned) -> dict[str, list[int]] | None:
+    """The work topics' partitions in a consumer assignment, by topic; None before any."""
+    if not assigned:
+        return None
+    owned: dict[str, list[int]] = {}
+    for topic, partition in assigned:
+        owned.setdefault(topic, []).append(partition)
+    return {t: sorted(ps) for t, ps in sorted(owned.items())}
+
+
 def worker_presence(worker, log, *, revision: str, engine_config_hash: str, running: int,
                     interval_s: float) -> FleetPresence:
     """A presence for `worker` (an `InteractiveWorker`), beating its queue and slots."""
@@ -46,5 +56,5 @@ def worker_presence(worker, log, *, revision: str, engine_config_hash: str, runn
         in_flight = worker.in_flight
         return Load(running=min(in_flight, running), waiting=worker.queued + max(0, in_flight - running),
                     free_slots=max(0, worker.capacity - in_flight), kv_cache_usage=0.0,
-                    output_tokens_per_s=rate())
+                    output_tokens_per_s=rate(), work_partitions=owned_work(worker._assigned))
     return FleetPresence(log, identity, load, interval_s=interval_s)

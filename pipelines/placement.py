@@ -1,0 +1,108 @@
+"""Which partition of its work topic an admitted generation waits on: prefix-cache affinity
+without piling a burst onto one worker.
+
+A request that names an `affinity` (a keyed digest of its tenant and the leading part of
+its prompt: the system prompt of a chat, `pipelines.submission.prefix_affinity`) has an
+order over the topic's partitions, fixed by that digest (rendezvous hashing). It goes to
+the first partition in that order whose worker has a slot free, counting what this
+admission placed on that worker's partitions and has not yet seen end. So while there is
+room, a prefix's requests wait on its first partition, which one worker owns, and that
+worker's engine finds the prompt's prefix in its KV cache (vLLM's prefix caching); when
+its worker is full they go to the next worker in the order that has room. Under a burst
+that fills every worker, each goes to the first partition whose worker is within `slack`
+of the least loaded one, so no worker queues more than `slack` above another and the
+burst splits evenly. Which worker owns which partition, and its slots, come from the
+fleet's heartbeats (`WorkerHeartbeat.work_partitions`); where no heartbeat says, each
+partition counts as a worker of its own with no slot known free, and a burst spreads
+evenly over partitions (each worker's share then follows its share of the partitions).
+
+A request without an affinity goes where its key puts it (the request id's hash) and
+counts toward the load all the same. The load is this admission's own view: each
+admission balances what it decides, so together they are about balanced too. It is
+forgotten when admission's partitions move (nothing is lost: the choice is a placement,
+pinned on `GenerationQueued.work_partition`, never a decision replay has to make again).
+"""
+from __future__ import annotations
+
+import hashlib
+
+from pipelines.eventlog import partition_for
+
+DEFAULT_SLACK = 2  # how far above the least loaded partition a prefix's partition may fill
+
+
+def probe_order(affinity: str, partitions: int) -> list[int]:
+    """The partitions in the order `affinity` tries them: highest random weight first
+    (rendezvous hashing), so consecutive choices land on unrelated partitions, and so on
+    unrelated workers, whichever way the consumer group assigned them."""
+    seed = affinity.encode()
+    return sorted(range(partitions), key=lambda p: hashlib.blake2b(b"%d" % p, key=seed[:64], digest_size=8).digest(),
+                  reverse=True)
+
+
+def owners_by_topic(workers) -> tuple[dict[str, dict[int, str]], dict[str, int]]:
+    """Which worker owns each partition of each work topic, and each worker's slots, from
+    the workers' last heartbeats (`models.fleet.WorkerState`)."""
+    owners: dict[str, dict[int, str]] = {}
+    slots: dict[str, int] = {}
+    for w in workers:
+        for name, partitions in (w.work_partitions or {}).items():
+            owners.setdefault(name, {}).update(dict.fromkeys(partitions, w.worker_id))
+            slots[w.worker_id] = w.capacity.max_seqs
+    return owners, slots
+
+
+class Placement:
+    def __init__(self, *, slack: int = DEFAULT_SLACK):
+        if slack < 1:
+            raise ValueError("slack must be at least 1")
+        self.slack = slack
+        self._load: dict[str, list[int]] = {}  # topic -> open work per partition
+        self._where: dict[str, tuple[str, int]] = {}  # request id -> (topic, partition)
+
+    def choose(self, topic: str, partitions: int, request_id: str, affinity: str | None,
+               owners: dict[int, str] | None = None, slots: dict[str, int] | None = None) -> int:
+        """The partition for `request_id`, counted as open there until `ended`. `owners`: the
+        worker that owns each partition now, and `slots`: how many sequences each runs at
+        once (the fleet's heartbeats say both). A prefix goes to the first worker in its
+        order with a slot free; when every worker is full, to the first within `slack` of
+        the least loaded. A partition nobody is known to own counts as a worker of its own,
+        with no slot known free."""
+        if request_id in self._where:
+            return self._where[request_id][1]
+        load = self._load.setdefault(topic, [0] * partitions)
+        if len(load) < partitions:  # a topic that grew
+            load.extend([0] * (partitions - len(load)))
+        if affinity is None:
+            chosen = partition_for(request_id, partitions)
+        else:
+            owners, slots = owners or {}, slots or {}
+            unit = [owners.get(p, p) for p in range(partitions)]
+            by_unit: dict = {}
+            for p in range(partitions):
+                by_unit[unit[p]] = by_unit.get(unit[p], 0) + load[p]
+            order = probe_order(affinity, partitions)
+            chosen = next((p for p in order if by_unit[unit[p]] < slots.get(unit[p], 0)), None)
+            if chosen is None:
+                bound = min(by_unit.values()) + self.slack
+                chosen = next(p for p in order if by_unit[unit[p]] < bound)
+        load[chosen] += 1
+        self._where[request_id] = (topic, chosen)
+        return chosen
+
+    def ended(self, request_id: str) -> None:
+        where = self._where.pop(request_id, None)
+        if where is not None:
+            self._load[where[0]][where[1]] -= 1
+
+    def prune(self, open_ids) -> None:
+        """Forgets work no longer open (expired, ended as lost, never written)."""
+        for request_id in [r for r in self._where if r not in open_ids]:
+            self.ended(request_id)
+
+    def forget(self) -> None:
+        self._load.clear()
+        self._where.clear()
+
+    def loads(self, topic: str) -> list[int]:
+        return list(self._load.get(topic, ()))
