@@ -13,7 +13,7 @@ import pytest
 from models import topics
 from pipelines.eventlog import partition_for
 from tests.fleet_pool import (
-    assert_ended_and_settled_once, pool_of, requests_of, started_at, starts_by_worker,
+    assert_ended_and_settled_once, decode_record, pool_of, requests_of, started_at, starts_by_worker,
 )
 from tests.helpers import wait_until
 
@@ -86,3 +86,48 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
     owned = {p for t, p in doomed.worker._assigned if t == normal.name}
     orphaned = [r for r in after if partition_for(r, normal.partitions) in owned]
     assert orphaned, "no work of the crashed worker's partitions was left to take over"
+
+
+def test_a_shared_system_prompt_stays_on_one_worker_until_a_burst_spreads_it_evenly(platform):
+    """Prefix-cache affinity (`pipelines.placement`): light traffic of one tenant's system
+    prompt waits on one partition, so one worker (and its engine's prefix cache) serves it;
+    a burst of the same prompt, many times the pool's slots, splits evenly over the three
+    workers (max/min share at most 1.5)."""
+    _, secret = platform.tenant()
+    with pool_of(platform, workers=3, pause_s=0.01, max_in_flight=2, name="affinity") as pool, \
+            platform.client(secret) as client:
+        pool.wait_split()
+        normal = topics.work_topic(None, "normal", pool.revision)
+        ids = {loop.worker.worker_id for loop in pool.loops}
+
+        def owners_known() -> bool:  # admission places by worker once their heartbeats say what they own
+            owned = [p for w in platform.admission.fleet.view.live() if w.worker_id in ids
+                     for p in (w.work_partitions or {}).get(normal.name, [])]
+            return sorted(owned) == list(range(normal.partitions))
+        wait_until(owners_known, 30, what="the workers' heartbeats to name the partitions they own")
+
+        def chat(system: str, question: str, c=None):
+            r = (c or client).post("/v1/chat/completions", json={
+                "model": pool.alias, "max_tokens": 3, "messages": [
+                    {"role": "system", "content": system}, {"role": "user", "content": question}]})
+            assert r.status_code == 200, r.text
+            return r.json()["id"]
+
+        systems = [f"You are assistant number {n}; answer briefly." for n in range(3)]
+        light = {s: [chat(s, f"question {i}") for i in range(4)] for s in systems}  # one at a time
+        placed = {env.correlation_id: env.payload.work_partition
+                  for env in map(decode_record, platform.admin_log.read_topic(normal.name))
+                  if env.event_type == "GenerationQueued"}
+        started = starts_by_worker(platform, {r for rs in light.values() for r in rs})
+        for system, request_ids in light.items():
+            assert len({placed[r] for r in request_ids}) == 1, (system, [placed[r] for r in request_ids])
+            assert len({started[r] for r in request_ids}) == 1, (system, [started[r] for r in request_ids])
+
+        def send(i: int) -> str:
+            with platform.client(secret) as own:
+                return chat(systems[0], f"burst {i}", own)
+        with ThreadPoolExecutor(24) as senders:
+            burst = set(senders.map(send, range(90)))
+        share = Counter(starts_by_worker(platform, burst).values())
+    assert set(share) == ids and sum(share.values()) == 90, share
+    assert max(share.values()) / min(share.values()) <= 1.5, share
