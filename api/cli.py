@@ -102,7 +102,8 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
     readiness = Readiness("admission")
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
                                    on_written=metrics.written, lost_after_s=settings.worker_lost_after_s,
-                                   queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors())
+                                   queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors(),
+                                   affinity_slack=settings.work_affinity_slack)
     server = serve_metrics(settings, metrics.follow(processor).registry, readiness_registry(readiness))
     stop = _stop_on_signal()
     try:

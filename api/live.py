@@ -160,7 +160,7 @@ async def _start_once(svc: Services, principal: Principal, cmd: SubmitGeneration
     submitting = asyncio.ensure_future(asyncio.to_thread(
         submit_generation, cmd, principal=principal, registry=svc.registry_view.registry, log=svc.log,
         counter=svc.counter, default_deadline_ms=svc.settings.default_deadline_ms, stream_offset=start,
-        fleet=svc.fleet, digests=svc.digests, cache=svc.cache,
+        fleet=svc.fleet, digests=svc.digests, cache=svc.cache, affinity=svc.settings.work_affinity,
         cooling=svc.ladder.cooling(cmd.model_alias) if cmd.fallback_to is None else frozenset()))
     try:
         try:

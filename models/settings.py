@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     # bag of words, for tests only), and how many answers it holds per tenant.
     cache_embedder: Literal["minilm", "hashing"] = "minilm"
     cache_max_entries_per_tenant: int = Field(default=100_000, gt=0)
+    # Prefix-cache affinity (pipelines.placement): whether the API names what a request's
+    # prompt shares with others (its tenant and system prompt), so admission places such
+    # requests on one worker while it has a slot free; and, once every worker is full, how
+    # many more queued requests one worker may hold than the least loaded one.
+    work_affinity: bool = True
+    work_affinity_slack: int = Field(default=2, ge=1)
     # A worker that also runs admission for the tenant partitions it is given: work it can
     # start at once is admitted and taken in one commit (see `pipelines.admission`).
     worker_admits: bool = False

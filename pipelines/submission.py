@@ -114,7 +114,7 @@ def prefix_affinity(cmd: SubmitGeneration, tenant_id: str, digests: TenantDigest
 def submit_generation(
     cmd: SubmitGeneration, *, principal: Principal, registry: Registry, log: EventLog, counter: TokenCounter,
     default_deadline_ms: int, stream_offset: int | None = None, fleet: Fleet | None = None,
-    digests: TenantDigests | None = None, cache=None, cooling: frozenset[str] = frozenset(),
+    digests: TenantDigests | None = None, cache=None, cooling: frozenset[str] = frozenset(), affinity: bool = True,
 ) -> Submitted:
     """`stream_offset`: a known lower bound of where the request's stream will start in its
     partition (the API's stream follower has one); the partition's end is read otherwise.
@@ -125,7 +125,8 @@ def submit_generation(
     submitted naming its entry, which admission answers without an engine, so it needs no
     live worker either. `cooling`: revisions of the alias refused for capacity a moment ago
     (`api.ladder`): a router sends a request it would route there to its first fallback
-    that is not cooling instead."""
+    that is not cooling instead. `affinity`: whether the request names what its prompt
+    shares with others (`prefix_affinity`), for admission to place it by."""
     if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
         raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
                               "grants it (limit may_send_high)", "priority")
@@ -199,7 +200,7 @@ def submit_generation(
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
         request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
         cache=hit, route_rule=rule, fallback_from=fallback_from,
-        affinity=prefix_affinity(cmd, principal.tenant_id, digests),
+        affinity=prefix_affinity(cmd, principal.tenant_id, digests) if affinity else None,
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])

@@ -92,7 +92,8 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
                                    member_id=topics.admission_member(worker.worker_id),
                                    on_written=metrics.written if metrics is not None else None,
                                    lost_after_s=settings.worker_lost_after_s,
-                                   queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors())
+                                   queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors(),
+                                   affinity_slack=settings.work_affinity_slack)
     if metrics is not None:
         metrics.follow(processor)
 
