@@ -45,7 +45,9 @@ def owners_by_topic(workers) -> tuple[dict[str, dict[int, str]], dict[str, int]]
     the workers' last heartbeats (`models.fleet.WorkerState`)."""
     owners: dict[str, dict[int, str]] = {}
     slots: dict[str, int] = {}
-    for w in workers:
+    # Oldest first: a partition two heartbeats claim (one said before a rebalance moved it)
+    # is the one that beat last's.
+    for w in sorted(workers, key=lambda w: w.last_seen):
         for name, partitions in (w.work_partitions or {}).items():
             owners.setdefault(name, {}).update(dict.fromkeys(partitions, w.worker_id))
             slots[w.worker_id] = w.capacity.max_seqs
