@@ -14,10 +14,12 @@ sentence embedding barely sees.
 
 Only deterministic sampling is cacheable (temperature 0), unless the tenant's policy opts
 in to caching sampled answers. Entries hold text, so they live in memory beside the
-bounded-retention text, never on a durable topic; each expires after its TTL, an
-invalidation (an admin event: the registry's epoch for the tenant and alias moves on)
-makes every older entry of the tenant and alias dead, and `purge_tenant` deletes a
-tenant's entries with its text. Entries per tenant are bounded; the oldest go first.
+bounded-retention text, never on a durable topic. Each expires after its TTL, which is
+never longer than the stream topic keeps the answers' text (`MAX_TTL_S`), so the cache
+holds no text the log has let go. An invalidation (an admin event: the registry's epoch
+for the tenant and alias moves on) makes every older entry of the tenant and alias dead,
+and `purge_tenant` deletes a tenant's entries with its text. Entries per tenant are
+bounded; the oldest go first.
 """
 from __future__ import annotations
 
@@ -31,11 +33,14 @@ from typing import Protocol
 
 import numpy as np
 
+from models import topics
 from models.events import canonical
 from pipelines.key_terms import agree
 
 PLATFORM_FLOOR = 0.90  # the least similarity a hit may have, whatever a tenant asks for (tests/perf/RESULTS.md)
 FLAT_LIMIT = 4096  # a partition searched exactly up to this many entries, by HNSW beyond
+# No entry outlives the answer's text on the log: a tenant's text and its cache go together.
+MAX_TTL_S = topics.STREAM.retention_ms / 1000
 SEARCH_K = 8  # neighbours looked at, so a dead or expired nearest one does not hide a live one
 REBUILD_DEAD_SHARE = 0.5  # an index rebuilt once this share of its entries is dead
 
@@ -319,7 +324,7 @@ class AnswerCache:
         cache = self.cache
         return CacheQuery(tenant_id, alias, partition_key(tenant_id, revision, context=context, sampling=sampling),
                           text, cache._vector(text), registry.cache_epoch(tenant_id, alias), policy.threshold,
-                          float(policy.ttl_s))
+                          min(float(policy.ttl_s), MAX_TTL_S))
 
     def find(self, q: CacheQuery) -> Lookup:
         found = self.cache.lookup(partition=q.partition, prompt=q.text, epoch=q.epoch,

@@ -121,3 +121,24 @@ def test_a_tenant_s_entries_are_bounded_oldest_first_and_large_partitions_stay_s
     for i in (0, sc.FLAT_LIMIT, len(vectors) - 1):
         found = big.lookup(partition="p", prompt=str(i), vector=vectors[i])
         assert found.entry == entries[i] and found.similarity == pytest.approx(1.0, abs=1e-5)
+
+
+def test_no_entry_outlives_the_answers_text_on_the_log():
+    from models.registry import CachePolicy
+
+    class Registry:
+        def __init__(self, ttl_s):
+            self.policy = CachePolicy(enabled=True, ttl_s=ttl_s)
+
+        def cache_policy(self, tenant_id, alias):
+            return self.policy
+
+        def cache_epoch(self, tenant_id, alias):
+            return 0
+    cache = sc.AnswerCache(HashingEmbedder)
+
+    def ttl(policy_ttl_s):
+        return cache.query(Registry(policy_ttl_s), tenant_id="acme", alias="chat", revision="m@1", text="hi",
+                           context={"kind": "text"}, sampling={"temperature": 0}).ttl_s
+    assert ttl(600) == 600
+    assert ttl(30 * 24 * 3600) == sc.MAX_TTL_S == 24 * 3600, "the stream topic keeps text a day"
