@@ -66,6 +66,9 @@ generations = Table(
     Column("ended_at", DateTime(timezone=True)),
     Column("settled_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("tenant_id", "request_id"),
+    # The console's newest-first pages: a keyset walk per tenant, and over every tenant.
+    Index("ix_generations_tenant_created", "tenant_id", "created_at", "request_id"),
+    Index("ix_generations_created", "created_at"),
 )
 
 # Offline jobs: one row per batch, its header and lifecycle status (OpenAI's states).
@@ -138,6 +141,28 @@ usage_ledger = Table(
     PrimaryKeyConstraint("tenant_id", "source", "source_id"),
     Index("ix_usage_ledger_tenant_day", "tenant_id", "day"),
     Index("ix_usage_ledger_day", "day"),
+)
+
+# The usage ledger summed per (tenant, day, application, key, revision), kept by the same
+# projections in the same transaction as the ledger rows, so reads over months of usage
+# never scan the ledger. A dimension the ledger row lacks is '' here (keys are NOT NULL).
+# Equal, to the micro-unit, to the ledger's own sums over the same rows.
+usage_daily = Table(
+    "usage_daily", metadata,
+    Column("tenant_id", String(64), nullable=False),
+    Column("day", String(10), nullable=False),
+    Column("application_id", String(128), nullable=False),
+    Column("key_id", String(64), nullable=False),
+    Column("model_revision", String(200), nullable=False),
+    Column("generations", BigInteger, nullable=False),
+    Column("batch_chunks", BigInteger, nullable=False),
+    Column("cached", BigInteger, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("delivered_output_tokens", BigInteger, nullable=False),  # the ledger's, NULL counted as all output
+    Column("cost_micros", BigInteger, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "day", "application_id", "key_id", "model_revision"),
+    Index("ix_usage_daily_day", "day"),
 )
 
 # Quotas read model: the limits in force, settled usage per minute, open reservations.
@@ -253,5 +278,5 @@ audit_seals = Table(
     PrimaryKeyConstraint("topic", "partition", "seq"),
 )
 
-PROJECTED_TABLES = (generations, batches, batch_chunks, usage_ledger, tenant_limits, quota_usage, open_reservations,
-                    admin_changes, audit_trail, audit_checkpoints)
+PROJECTED_TABLES = (generations, batches, batch_chunks, usage_ledger, usage_daily, tenant_limits, quota_usage,
+                    open_reservations, admin_changes, audit_trail, audit_checkpoints)

@@ -13,10 +13,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from models.tables import batch_chunks, batches, usage_ledger
+from models.tables import batch_chunks, batches, usage_daily, usage_ledger
 from pipelines.projections.base import Event, Projection
 from pipelines.projections.generations import utc
 from pipelines.projections.sql import insert_new, select_by_keys, upsert
+from pipelines.projections.usage_daily import Rollup
 
 BATCH_TERMINAL = {"BatchCompleted": "completed", "BatchFailed": "failed", "BatchCancelled": "cancelled",
                   "BatchExpired": "expired"}
@@ -90,7 +91,7 @@ def _blank(table, **key) -> dict:
 
 class BatchesProjection(Projection):
     name = "batches"
-    tables = (batches, batch_chunks, usage_ledger)
+    tables = (batches, batch_chunks, usage_ledger, usage_daily)
     handles = frozenset({*BATCH_TERMINAL, *BATCH_STAGES, *CHUNK_TYPES})
 
     def apply(self, conn: Connection, events: list[Event]) -> None:
@@ -120,4 +121,10 @@ class BatchesProjection(Projection):
                 changed_batches.add(bkey)
         upsert(conn, batches, [rows[k] for k in changed_batches])
         upsert(conn, batch_chunks, [chunks[k] for k in changed_chunks])
-        insert_new(conn, usage_ledger, [chunk_usage_row(chunks[k], rows[k[:2]]) for k in settled])
+        ledger = [chunk_usage_row(chunks[k], rows[k[:2]]) for k in settled]
+        insert_new(conn, usage_ledger, ledger)
+        # A chunk settles once (its row says so), so its ledger row is new: it only adds.
+        rollup = Rollup()
+        for row in ledger:
+            rollup.change(None, row)
+        rollup.write(conn)

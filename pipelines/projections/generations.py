@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from models.tables import generations, usage_ledger
+from models.tables import generations, usage_daily, usage_ledger
 from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import select_by_keys, upsert
+from pipelines.projections.usage_daily import Rollup
 
 TERMINAL = {"GenerationCompleted": "completed", "GenerationFailed": "failed", "GenerationCancelled": "cancelled"}
 TYPES = frozenset({"GenerationRequested", "BudgetReserved", "CacheHit", "GenerationAdmitted", "GenerationRejected",
@@ -136,12 +137,14 @@ def usage_row(row: Row) -> Row:
 
 class GenerationsProjection(Projection):
     name = "generations"
-    tables = (generations, usage_ledger)
+    tables = (generations, usage_ledger, usage_daily)
     handles = TYPES
 
     def apply(self, conn: Connection, events: list[Event]) -> None:
         keyed = [((e.tenant_id, e.payload.get("request_id") or e.correlation_id), e) for e in events]
         rows = {(r["tenant_id"], r["request_id"]): r for r in select_by_keys(conn, generations, {k for k, _ in keyed})}
+        # The ledger rows as they stand, to move their share of the daily rollup.
+        before = {k: usage_row(r) for k, r in rows.items() if r["settled"]}
         for key, e in keyed:
             row = rows.get(key)
             if row is None:
@@ -150,4 +153,9 @@ class GenerationsProjection(Projection):
         changed = [rows[k] for k in dict.fromkeys(k for k, _ in keyed)]
         upsert(conn, generations, changed)
         # The ledger row follows the generation's row, so it too ends the same in any order.
-        upsert(conn, usage_ledger, [usage_row(r) for r in changed if r["settled"]])
+        ledger = {(r["tenant_id"], r["request_id"]): usage_row(r) for r in changed if r["settled"]}
+        upsert(conn, usage_ledger, list(ledger.values()))
+        rollup = Rollup()
+        for key, row in ledger.items():
+            rollup.change(before.get(key), row)
+        rollup.write(conn)
