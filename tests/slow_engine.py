@@ -24,6 +24,7 @@ class SlowEngine(InferenceEngine):
         # An abort was for an earlier generation of this id (its take failed, it is taken
         # again): as on vLLM, which keeps nothing of an aborted request, it starts clean.
         self._aborted.discard(request.request_id)
+        await self.prefill(request)
         for made in range(1, request.max_output_tokens + 1):
             await asyncio.sleep(self.pause_s)
             if request.request_id in self._aborted:
@@ -31,6 +32,9 @@ class SlowEngine(InferenceEngine):
                 return
             last = made == request.max_output_tokens
             yield EngineDelta(request.request_id, "x ", 1, made, last, "length" if last else None, prompt_tokens=1)
+
+    async def prefill(self, request: EngineRequest) -> None:
+        """Before the first token: nothing here (a subclass may model a prompt's cost)."""
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from types import SimpleNamespace
 
 from tests.slow_engine import SlowEngine
-from workers.engine import EngineDelta, EngineRequest
+from workers.engine import EngineRequest
 
 BLOCK_CHARS = 64
 
@@ -39,7 +39,8 @@ class PrefixCachedEngine(SlowEngine):
         self._prefill: asyncio.Lock | None = None
         self.blocks_found = self.blocks_computed = self.requests = 0
 
-    async def _fill(self, request: EngineRequest) -> None:
+    async def prefill(self, request: EngineRequest) -> None:
+        self.requests += 1
         if self._prefill is None:
             self._prefill = asyncio.Lock()  # made on the engine's own loop
         hashes = block_hashes(request.tenant_id, request.prompt)
@@ -57,16 +58,3 @@ class PrefixCachedEngine(SlowEngine):
             self._cache.move_to_end(h)
         while len(self._cache) > self.cache_blocks:
             self._cache.popitem(last=False)
-
-    async def generate(self, request: EngineRequest):
-        self._aborted.discard(request.request_id)
-        self.requests += 1
-        await self._fill(request)
-        for made in range(1, request.max_output_tokens + 1):
-            if made > 1:
-                await asyncio.sleep(self.pause_s)
-            if request.request_id in self._aborted:
-                yield EngineDelta(request.request_id, "", 0, made - 1, True, "abort", prompt_tokens=1)
-                return
-            last = made == request.max_output_tokens
-            yield EngineDelta(request.request_id, "x ", 1, made, last, "length" if last else None, prompt_tokens=1)
