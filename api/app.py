@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors, openapi, outage
+from api import console, errors, openapi, outage
 from api.deps import Services
 from api.body_limit import BodyLimit
 from api.server_errors import InternalErrors
@@ -128,4 +128,5 @@ def create_app(services: Services) -> FastAPI:
         (cache_routes.router, openapi.OBJECTS), (router_routes.router, openapi.OBJECTS),
     ]:
         app.include_router(router, responses=responses)
+    console.install(app)  # the web console's pages, under /console
     return app

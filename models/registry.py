@@ -193,7 +193,11 @@ class Registry:
     def authenticate(self, secret: str, now: datetime | None = None) -> Principal | None:
         """The key's principal; None for an unknown, revoked or expired key. A suspended
         tenant's keys still resolve (the API refuses them with 403, not 401)."""
-        principal = self.keys_by_hash.get(hash_secret(secret))
+        return self.authenticate_digest(hash_secret(secret), now)
+
+    def authenticate_digest(self, secret_sha256: str, now: datetime | None = None) -> Principal | None:
+        """As `authenticate`, from the key's hash: what a console session keeps, never the key."""
+        principal = self.keys_by_hash.get(secret_sha256)
         if principal is None or principal.key_id in self.revoked or principal.tenant_id not in self.tenants:
             return None
         expires = self.expires.get(principal.key_id)

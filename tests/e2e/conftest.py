@@ -12,3 +12,6 @@ def api(tmp_path_factory, tiny_model_dir):
     alone = ApiAlone(tmp_path_factory.mktemp("api-alone"), tiny_model_dir)
     yield alone
     alone.close()
+
+
+from tests.e2e.console_fixture import console_platform  # noqa: E402,F401 - the console tests' shared platform

@@ -1,0 +1,181 @@
+"""The console's read pages about a tenant's use: usage and spend, limits and what remains of
+them, generations and batches. Each page is one request answered from the projections
+(usage from the daily rollup, lists a keyset page at a time) and the registry."""
+from __future__ import annotations
+
+import base64
+import json
+from datetime import date, datetime, timedelta, timezone
+
+from fastapi import APIRouter, Request
+
+from api.console.auth import ConsoleRefusal, UserDep
+from api.console.render import bar_chart, count, page
+from api.routes.batch_deps import batch_services
+from api.routes.usage import projection_db
+from pipelines.projections import console as reads
+from pipelines.projections.queries import tenant_quota
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+DEFAULT_DAYS = 30
+MAX_CHART_DAYS = 400  # a longer range is charted by its days with usage only
+PAGE_SIZES = (10, 25, 50, 100, 200)
+
+
+def day_range(start: str | None, end: str | None) -> tuple[date, date]:
+    today = datetime.now(timezone.utc).date()
+    try:
+        last = date.fromisoformat(end) if end else today
+        first = date.fromisoformat(start) if start else last - timedelta(days=DEFAULT_DAYS - 1)
+    except ValueError:
+        raise ConsoleRefusal(400, "Dates are YYYY-MM-DD") from None
+    if first > last:
+        raise ConsoleRefusal(400, "The start date is after the end date")
+    return first, last
+
+
+def encode_cursor(cursor) -> str | None:
+    if cursor is None:
+        return None
+    at, *rest = cursor
+    return base64.urlsafe_b64encode(json.dumps([at.isoformat(), *rest]).encode()).decode()
+
+
+def decode_cursor(text: str | None):
+    if not text:
+        return None
+    try:
+        at, tenant, ident = json.loads(base64.urlsafe_b64decode(text.encode()))
+        return datetime.fromisoformat(at), str(tenant), str(ident)
+    except (ValueError, TypeError):
+        raise ConsoleRefusal(400, "Not a page cursor this console made") from None
+
+
+def page_size(limit: int | None) -> int:
+    return limit if limit in PAGE_SIZES else 50
+
+
+def daily_series(rows: list[dict], first: date, last: date, field: str) -> list[tuple[str, int]]:
+    values = {r["key"]: r[field] for r in rows}
+    if (last - first).days >= MAX_CHART_DAYS:
+        return sorted(values.items())
+    days = [(first + timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
+    return [(d, values.get(d, 0)) for d in days]
+
+
+@router.get("")
+@router.get("/")
+def home(user: UserDep):
+    from fastapi.responses import RedirectResponse
+
+    return RedirectResponse("/console/usage", status_code=303)
+
+
+@router.get("/usage")
+def usage(request: Request, user: UserDep, tenant: str | None = None, start: str | None = None,
+          end: str | None = None, group: str | None = None):
+    tenant_id = user.tenant(tenant)
+    first, last = day_range(start, end)
+    group = group if group in reads.GROUP_COLUMNS else ("tenant" if tenant_id is None else "application")
+    db = projection_db(request)
+    totals = reads.usage_totals(db, tenant_id=tenant_id, start=first, end=last)
+    by_day = reads.usage_by(db, tenant_id=tenant_id, start=first, end=last, group="day", limit=100_000)
+    grouped = by_day if group == "day" else reads.usage_by(db, tenant_id=tenant_id, start=first, end=last,
+                                                           group=group)
+    tokens = [(d, v) for d, v in daily_series(
+        [{**r, "tokens": r["input_tokens"] + r["output_tokens"]} for r in by_day], first, last, "tokens")]
+    return page(request, "usage.html", user=user, tenant_id=tenant_id, start=first, end=last, group=group,
+                groups=list(reads.GROUP_COLUMNS), totals=totals, rows=grouped,
+                spend_chart=bar_chart(daily_series(by_day, first, last, "cost_micros"), title="Spend per day"),
+                token_chart=bar_chart(tokens, title="Tokens per day", unit=count))
+
+
+LIMIT_ROWS = (  # (field, what it bounds)
+    ("requests_per_minute", "requests admitted in any 60 s"),
+    ("max_concurrent", "requests open at once"),
+    ("tokens_per_window", "input and output tokens per window, open reservations counted in full"),
+    ("spend_per_window_micros", "spend per window, open reservations counted in full"),
+    ("max_input_tokens", "input tokens of one request"),
+    ("max_output_tokens", "output tokens one request may ask for"),
+    ("batch_tokens_per_window", "batch tokens per window"),
+)
+
+
+def limit_rows(registry, tenant_id: str, quota: dict) -> list[dict]:
+    """Each limit as admission enforces it (the registry's limits in force: the grant
+    tightened by the tenant's own), what is used and what remains. A limit that is not
+    set is said to be unset and what still bounds it is named: never 'unlimited'."""
+    in_force, grant = registry.limits_for(tenant_id), registry.grant_for(tenant_id)
+    own = registry.own_limits.get(tenant_id) or {}
+    used = {"requests_per_minute": quota["used"]["requests_last_minute"],
+            "max_concurrent": quota["reserved"]["concurrent"],
+            "tokens_per_window": quota["used"]["tokens"] + quota["reserved"]["tokens"],
+            "spend_per_window_micros": quota["used"]["cost_micros"] + quota["reserved"]["cost_micros"]}
+    context = max((r.max_model_len for r in registry.revisions.values()), default=None)
+    rows = []
+    for name, what in LIMIT_ROWS:
+        limit = getattr(in_force, name)
+        bound = None
+        if limit is None and name in ("max_input_tokens", "max_output_tokens") and context:
+            bound = f"not set: bounded by the model's context ({context:,} tokens at most)"
+        elif limit is None:
+            bound = "not set"
+        rows.append({"name": name, "what": what, "limit": limit, "granted": getattr(grant, name),
+                     "own": own.get(name), "used": used.get(name), "bound": bound,
+                     "remaining": None if limit is None or name not in used else max(0, limit - used[name])})
+    return rows
+
+
+@router.get("/limits")
+def limits(request: Request, user: UserDep, tenant: str | None = None):
+    tenant_id = user.tenant(tenant)
+    if tenant_id is None:
+        return page(request, "pick_tenant.html", user=user, title="Limits and budgets", target="/console/limits")
+    registry = user.registry
+    quota = tenant_quota(projection_db(request), tenant_id, datetime.now(timezone.utc))
+    in_force = registry.limits_for(tenant_id)
+    return page(request, "limits.html", user=user, tenant_id=tenant_id, rows=limit_rows(registry, tenant_id, quota),
+                window_s=in_force.window.total_seconds(), window_default=in_force.window_seconds is None,
+                limits=in_force, suspended=tenant_id in registry.suspended, quota=quota)
+
+
+STATUSES = ("requested", "queued", "running", "completed", "failed", "cancelled", "rejected", "expired")
+
+
+@router.get("/generations")
+def generations(request: Request, user: UserDep, tenant: str | None = None, status: str | None = None,
+                before: str | None = None, limit: int | None = None):
+    tenant_id = user.tenant(tenant)
+    size = page_size(limit)
+    rows, cursor = reads.generations_page(projection_db(request), tenant_id=tenant_id, limit=size,
+                                          before=decode_cursor(before), status=status if status in STATUSES else None)
+    return page(request, "generations.html", user=user, tenant_id=tenant_id, rows=rows, status=status,
+                statuses=STATUSES, next_cursor=encode_cursor(cursor), limit=size, first_page=before is None)
+
+
+@router.get("/batches")
+def batches(request: Request, user: UserDep, tenant: str | None = None, before: str | None = None,
+            limit: int | None = None):
+    tenant_id = user.tenant(tenant)
+    size = page_size(limit)
+    rows, cursor = reads.batches_page(projection_db(request), tenant_id=tenant_id, limit=size,
+                                      before=decode_cursor(before))
+    return page(request, "batches.html", user=user, tenant_id=tenant_id, rows=rows, next_cursor=encode_cursor(cursor),
+                limit=size, first_page=before is None)
+
+
+@router.get("/batches/{tenant}/{batch_id}")
+def batch(request: Request, user: UserDep, tenant: str, batch_id: str):
+    tenant_id = user.tenant(tenant)
+    bsvc = batch_services(request, request.app.state.services)
+    state = bsvc.view.batch(tenant_id, batch_id)
+    if state is None:
+        raise ConsoleRefusal(404, f"No such batch: {batch_id}")
+    files = [("input", state.input_file_id), ("output", state.output_file_id), ("errors", state.error_file_id)]
+    summary = None
+    if state.summarization is not None:
+        prefix = state.summarization.output_prefix
+        summary = {"input": bsvc.store.uri(state.input_key), "data": bsvc.store.uri(prefix + "data/"),
+                   "manifest": bsvc.store.uri(prefix + "manifest.json")}
+    return page(request, "batch.html", user=user, tenant_id=tenant_id, batch=state, files=files, summary=summary,
+                usage=state.usage)
