@@ -18,6 +18,7 @@ lint: install
 
 install:
 	bash infra/install_python.sh
+	bash infra/install_browser.sh
 
 services-up:
 	bash infra/services.sh up

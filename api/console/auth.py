@@ -78,7 +78,7 @@ class User:
 
     def require_operator(self) -> None:
         if not self.operator:
-            raise ConsoleRefusal(404, "no such page")
+            raise ConsoleRefusal(404, "No such page")
 
 
 def actor_for(principal: Principal | None) -> Actor | None:
