@@ -8,6 +8,7 @@ import json
 from datetime import date, datetime, timedelta, timezone
 
 from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse
 
 from api.console.auth import ConsoleRefusal, UserDep
 from api.console.render import bar_chart, count, page
@@ -66,8 +67,6 @@ def daily_series(rows: list[dict], first: date, last: date, field: str) -> list[
 @router.get("")
 @router.get("/")
 def home(user: UserDep):
-    from fastapi.responses import RedirectResponse
-
     return RedirectResponse("/console/usage", status_code=303)
 
 
@@ -82,8 +81,8 @@ def usage(request: Request, user: UserDep, tenant: str | None = None, start: str
     by_day = reads.usage_by(db, tenant_id=tenant_id, start=first, end=last, group="day", limit=100_000)
     grouped = by_day if group == "day" else reads.usage_by(db, tenant_id=tenant_id, start=first, end=last,
                                                            group=group)
-    tokens = [(d, v) for d, v in daily_series(
-        [{**r, "tokens": r["input_tokens"] + r["output_tokens"]} for r in by_day], first, last, "tokens")]
+    tokens = daily_series([{**r, "tokens": r["input_tokens"] + r["output_tokens"]} for r in by_day], first, last,
+                          "tokens")
     return page(request, "usage.html", user=user, tenant_id=tenant_id, start=first, end=last, group=group,
                 groups=list(reads.GROUP_COLUMNS), totals=totals, rows=grouped,
                 spend_chart=bar_chart(daily_series(by_day, first, last, "cost_micros"), title="Spend per day"),
