@@ -1,20 +1,25 @@
 """Semantic cache figures: lookup latency at 10k and 100k entries in one tenant's partition,
 the embedding time of one prompt, and hit and false-hit rates on the paraphrase set
 (`tests/perf/paraphrases.jsonl`, how it was built in `paraphrases.md`) at a few thresholds.
+`--set` takes another set of the same format, such as the held-out
+`tests/perf/paraphrases_heldout.jsonl` (`paraphrases_heldout.md`).
 
-    .venv/bin/python -m tests.perf.bench_semantic_cache [--home DIR] [--sizes 10000,100000]
+    .venv/bin/python -m tests.perf.bench_semantic_cache [--home DIR] [--sizes 10000,100000] [--set PATH]
 
 Lookups search vectors inserted directly (random unit vectors of the embedder's width), so
 the figure is the index's and the cache's bookkeeping, not the embedder's; the embedding
 time is measured on its own. The false-hit rate's 95 % upper bound is the exact
-(Clopper-Pearson) one. Prints one JSON object.
+(Clopper-Pearson) one. Prints one JSON object and appends a table of it, naming the set, to
+the "Semantic cache" section of tests/perf/RESULTS.md (`--no-record` to skip).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +29,13 @@ import numpy as np
 from pipelines.key_terms import agree
 from pipelines.semantic_cache import SemanticCache
 from pipelines.similarity import Embedder, model_dir
+from tests.perf.results import record_run
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+# As a whole line: `append_entry` finds a section by substring, and the summary's
+# "### Semantic cache: ..." would match "## Semantic cache" first.
+SECTION = "\n## Semantic cache\n"
 THRESHOLDS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96)
 
 
@@ -118,13 +128,47 @@ def embedding_latency(embedder, texts: list[str]) -> dict:
     return {"prompts": len(texts), **quantiles(times)}
 
 
+def shown(path: Path) -> str:
+    """The set's path as the entry names it: relative to the repository where it is inside."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def table(result: dict) -> str:
+    rates = result["paraphrase_set"]
+    lines = [f"| threshold | paraphrases hit | false hits (of {rates['hard_negatives']}) | upper 95 % | "
+             "false hits by kind | similarity alone: hit / false hit |", "|---:|---:|---:|---:|---|---:|"]
+    for t in rates["by_threshold"]:
+        false = round(t["false_hit_rate"] * rates["hard_negatives"])
+        kinds = ", ".join(f"{k} {n}" for k, n in t["false_hits_by_kind"].items() if n) or "-"
+        alone = t["similarity_alone"]
+        lines.append(f"| {t['threshold']:.2f} | {t['hit_rate']:.1%} | {false} ({t['false_hit_rate']:.1%}) | "
+                     f"{t['false_hit_upper_95']:.1%} | {kinds} | {alone['hit_rate']:.1%} / "
+                     f"{alone['false_hit_rate']:.1%} |")
+    median, disagree = rates["median_similarity"], rates["key_terms_disagree"]
+    lines += ["", f"Median similarity: paraphrases {median['paraphrase']}, hard negatives {median['hard_negative']}. "
+              f"Key terms disagree on {disagree['paraphrases']} of {rates['paraphrases']} paraphrases and "
+              f"{disagree['hard_negatives']} of {rates['hard_negatives']} hard negatives."]
+    emb = result["embedding"]
+    lines.append(f"Embedding of one prompt: p50 {emb['p50_ms']} ms, p99 {emb['p99_ms']} ms.")
+    for look in result["lookup"]:
+        lines.append(f"Lookups, {look['entries']} entries: p50 {look['p50_ms']} ms, p99 {look['p99_ms']} ms "
+                     f"({look['near_duplicate_hits']} of {look['probes']} noisy probes found).")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--home", type=Path, default=None, help="where the MiniLM model is unpacked")
     parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--set", type=Path, default=HERE / "paraphrases.jsonl", metavar="PATH",
+                        help="the evaluation set, one JSON object a line (default: tests/perf/paraphrases.jsonl)")
+    parser.add_argument("--no-record", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     home = args.home or Path(tempfile.mkdtemp(prefix="ledgerlm-cache-bench-"))
-    rows = [json.loads(line) for line in (HERE / "paraphrases.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in args.set.read_text().splitlines() if line.strip()]
     embedder = Embedder(model_dir(home))
     result = {
         "embedding": embedding_latency(embedder, [r["probe"] for r in rows][:200]),
@@ -132,6 +176,11 @@ def main() -> None:
         "lookup": [lookup_latency(int(n)) for n in args.sizes.split(",")],
     }
     print(json.dumps(result, indent=1))
+    if not args.no_record:
+        rates = result["paraphrase_set"]
+        record_run(SECTION, ".venv/bin/python -m tests.perf.bench_semantic_cache " + shlex.join(sys.argv[1:]),
+                   f"Set `{shown(args.set)}` ({rates['paraphrases']} paraphrases, {rates['hard_negatives']} hard "
+                   f"negatives); lookups at {args.sizes} entries", table(result), heading=f": set {shown(args.set)}")
 
 
 if __name__ == "__main__":
