@@ -35,7 +35,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 # As a whole line: `append_entry` finds a section by substring, and the summary's
 # "### Semantic cache: ..." would match "## Semantic cache" first.
-SECTION = "\n## Semantic cache\n"
+SECTION = "## Semantic cache"
 THRESHOLDS = (0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.96)
 
 

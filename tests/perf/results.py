@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -10,9 +11,12 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 
 def append_entry(section: str, entry: str) -> None:
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-    if section not in text:
+    # The section's own heading line: "## Semantic cache" is not "### Semantic cache: ...".
+    found = re.search(rf"^{re.escape(section)}$", text, flags=re.MULTILINE)
+    if found is None:
         text = text.rstrip("\n") + f"\n\n{section}\n"
-    head, _, tail = text.partition(section)
+        found = re.search(rf"^{re.escape(section)}$", text, flags=re.MULTILINE)
+    head, tail = text[:found.start()], text[found.end():]
     rest = tail.split("\n## ", 1)
     body = rest[0].rstrip("\n") + "\n" + entry
     RESULTS.write_text(head + section + body + ("\n## " + rest[1] if len(rest) > 1 else ""))
