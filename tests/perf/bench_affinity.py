@@ -25,7 +25,6 @@ import random
 import shlex
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.conftest import make_log_opener  # noqa: E402
 from tests.harness import MODEL_ALIAS, Platform  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402
 from tests.perf.bench_noisy_neighbour import percentile  # noqa: E402
+from tests.perf.open_loop import open_loop  # noqa: E402
 from tests.perf.prefix_engine import PrefixCachedEngine  # noqa: E402
 from tests.perf.results import record_run  # noqa: E402
 from workers.engine_runner import EngineRunner  # noqa: E402
@@ -114,28 +114,13 @@ class Phase:
 def steady(phase: Phase, args) -> dict:
     rng = random.Random(1)
     systems = [system_prompt(n, args.system_chars) for n in range(args.tenants)]
-    ttfts: list[float] = []
-    errors = 0
-    lock = threading.Lock()
-
-    def one(i: int) -> None:
-        nonlocal errors
-        n = rng.randrange(args.tenants)
-        ttft = phase.send(phase.tenants[n], systems[n], f"Question {i}: where is my order?")
-        with lock:
-            if ttft is None:
-                errors += 1
-            else:
-                ttfts.append(ttft)
     total = int(args.rate * args.duration_s)
     owners = phase.owners()
-    began = time.perf_counter()
-    with ThreadPoolExecutor(64) as pool:
-        for i in range(total):  # open loop: each request at its time, whatever the others do
-            delay = began + i / args.rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, i)
+
+    def one(i: int) -> float | None:
+        n = rng.randrange(args.tenants)
+        return phase.send(phase.tenants[n], systems[n], f"Question {i}: where is my order?")
+    ttfts, errors = open_loop(args.rate, total, one)
     found = sum(e.blocks_found for e in phase.engines)
     computed = sum(e.blocks_computed for e in phase.engines)
     served = phase.served()

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
+from tests.perf.open_loop import open_loop  # noqa: E402
 from tests.perf.results import record_run  # noqa: E402  (light: the console users' process imports this module)
 
 SECTION = "## Web console: serving while it is used"
@@ -262,30 +263,13 @@ def send(made, secret: str, i: int, output_tokens: int) -> float | None:
 
 
 def serving(made, args, duration_s: float, offset: int) -> dict:
-    ttfts: list[float] = []
-    errors = 0
-    lock = threading.Lock()
-
-    def one(i: int) -> None:
-        nonlocal errors
-        tenant = made.tenants[i % 3]
+    def one(i: int) -> float | None:
         try:
-            ttft = send(made, tenant.keys[0], i, args.output_tokens)
+            return send(made, made.tenants[i % 3].keys[0], i, args.output_tokens)
         except httpx.HTTPError:
-            ttft = None
-        with lock:
-            if ttft is None:
-                errors += 1
-            else:
-                ttfts.append(ttft)
+            return None
     total = int(args.rate * duration_s)
-    began = time.perf_counter()
-    with ThreadPoolExecutor(64) as pool:
-        for i in range(total):  # open loop: each request at its time, whatever the others do
-            delay = began + i / args.rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, offset + i)
+    ttfts, errors = open_loop(args.rate, total, one, first=offset)
     made.platform.check()
     return {"requests": total, "errors": errors, "ttfts": ttfts, "p50": percentile(ttfts, 0.50),
             "p95": percentile(ttfts, 0.95), "p99": percentile(ttfts, 0.99)}
