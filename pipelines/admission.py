@@ -56,7 +56,7 @@ from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.outage import Readiness, is_transient, keep_running
-from pipelines.placement import DEFAULT_SLACK, Placement, owners_by_topic
+from pipelines.placement import DEFAULT_SLACK, FleetPlacement
 from pipelines.routing import Outputs, to_outputs
 from pipelines.service_readback import read_back_rates
 from pipelines.suspension import SuspensionSweep
@@ -245,7 +245,6 @@ class AdmissionProcessor:
     # and markers), so a settlement alone cost as much as the reservation it ends.
     SETTLE_LINGER_S = 0.25
     POLL_RECORDS = 200
-    OWNERS_EVERY_S = 0.25  # how stale the owners of work partitions may be (`_owners_of`)
 
     def __init__(self, log: EventLog, registry_view, *, grace: timedelta, member_id: str | None = None,
                  floors: Floors | None = None, taker: Taker | None = None,
@@ -285,10 +284,7 @@ class AdmissionProcessor:
         self.estimate: ServiceEstimate = self.capacity.estimate  # the quota's, followed with the rates
         self._pruned_at = 0.0
         self.suspension = SuspensionSweep(registry_view)
-        self.placement = Placement(slack=affinity_slack)
-        self._owners: dict[str, dict[int, str]] = {}
-        self._slots: dict[str, int] = {}
-        self._owners_at = float("-inf")
+        self.placement = FleetPlacement(fleet.view.live if fleet is not None else None, slack=affinity_slack)
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -318,7 +314,7 @@ class AdmissionProcessor:
             for topic, out in outputs:  # what a taker started does not wait
                 if isinstance(out.payload, GenerationQueued):
                     self.capacity.queued(p.request_id, self._key(registry, env), p.priority)
-                    out = self._place(topic, out)
+                    out = self.placement.place(topic, out)
                 placed.append((topic, out))
             return placed
         if isinstance(p, GenerationStarted):
@@ -329,27 +325,6 @@ class AdmissionProcessor:
             self.placement.ended(p.request_id)
             return handle_terminal(env, registry=registry, book=self.book)
         return []
-
-    def _place(self, topic: Topic, queued: Envelope) -> Envelope:
-        """Queued work on the partition `pipelines.placement` chooses for it (a revision's
-        request-keyed work topics; the tenant-keyed ones keep their key's)."""
-        if topic.keyed_by != "request":
-            return queued
-        req = queued.payload.request
-        owners = self._owners_of(topic.name) if req.affinity is not None else None
-        partition = self.placement.choose(topic.name, topic.partitions, req.request_id, req.affinity, owners,
-                                          self._slots)
-        return queued.model_copy(update={"payload": queued.payload.model_copy(update={"work_partition": partition})})
-
-    def _owners_of(self, topic_name: str) -> dict[int, str] | None:
-        """Which live worker owns each partition of a work topic, as their heartbeats said
-        (looked at no more than every `OWNERS_EVERY_S`)."""
-        if self.fleet is None:
-            return None
-        if time.monotonic() - self._owners_at >= self.OWNERS_EVERY_S:
-            self._owners_at = time.monotonic()
-            self._owners, self._slots = owners_by_topic(self.fleet.view.live())
-        return self._owners.get(topic_name)
 
     @staticmethod
     def _key(registry: Registry, env: Envelope):

@@ -25,19 +25,26 @@ pinned on `GenerationQueued.work_partition`, never a decision replay has to make
 from __future__ import annotations
 
 import hashlib
+import time
+from functools import lru_cache
+from typing import Callable
+
+from models.events import Envelope
+from models.topics import Topic
 
 from pipelines.eventlog import partition_for
 
 DEFAULT_SLACK = 2  # how far above the least loaded partition a prefix's partition may fill
 
 
-def probe_order(affinity: str, partitions: int) -> list[int]:
+@lru_cache(maxsize=4096)  # on admission's path: a prefix's order is worked out once
+def probe_order(affinity: str, partitions: int) -> tuple[int, ...]:
     """The partitions in the order `affinity` tries them: highest random weight first
     (rendezvous hashing), so consecutive choices land on unrelated partitions, and so on
     unrelated workers, whichever way the consumer group assigned them."""
     seed = affinity.encode()
-    return sorted(range(partitions), key=lambda p: hashlib.blake2b(b"%d" % p, key=seed[:64], digest_size=8).digest(),
-                  reverse=True)
+    return tuple(sorted(range(partitions), key=lambda p: hashlib.blake2b(b"%d" % p, key=seed[:64],
+                                                                          digest_size=8).digest(), reverse=True))
 
 
 def owners_by_topic(workers) -> tuple[dict[str, dict[int, str]], dict[str, int]]:
@@ -108,3 +115,37 @@ class Placement:
 
     def loads(self, topic: str) -> list[int]:
         return list(self._load.get(topic, ()))
+
+
+class FleetPlacement(Placement):
+    """Admission's placement: the owners and slots of work partitions from the fleet's live
+    workers (`live`, None where admission has no fleet view), looked at no more than every
+    `OWNERS_EVERY_S`."""
+
+    OWNERS_EVERY_S = 0.25  # how stale the owners of work partitions may be
+
+    def __init__(self, live: Callable[[], list] | None, *, slack: int = DEFAULT_SLACK):
+        super().__init__(slack=slack)
+        self._live = live
+        self._owners: dict[str, dict[int, str]] = {}
+        self._slots: dict[str, int] = {}
+        self._owners_at = float("-inf")
+
+    def place(self, topic: Topic, queued: Envelope) -> Envelope:
+        """Queued work on the partition chosen for it (a revision's request-keyed work
+        topics; the tenant-keyed ones keep their key's)."""
+        if topic.keyed_by != "request":
+            return queued
+        req = queued.payload.request
+        owners = self._owners_of(topic.name) if req.affinity is not None else None
+        partition = self.choose(topic.name, topic.partitions, req.request_id, req.affinity, owners, self._slots)
+        return queued.model_copy(update={"payload": queued.payload.model_copy(update={"work_partition": partition})})
+
+    def _owners_of(self, topic_name: str) -> dict[int, str] | None:
+        if self._live is None:
+            return None
+        if time.monotonic() - self._owners_at >= self.OWNERS_EVERY_S:
+            self._owners_at = time.monotonic()
+            self._owners, self._slots = owners_by_topic(self._live())
+        return self._owners.get(topic_name)
+

@@ -33,6 +33,28 @@ def service_url(name: str) -> str:
     return value
 
 
+def new_postgres_database(prefix: str) -> tuple[str, str]:
+    """A new empty database on the real PostgreSQL: (its URL, its name)."""
+    import sqlalchemy as sa
+    server_url = service_url("postgres")
+    name = prefix + uuid.uuid4().hex[:12]
+    server = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    server.dispose()
+    return server_url.rsplit("/", 1)[0] + "/" + name, name
+
+
+def drop_postgres_databases(names) -> None:
+    """Drops databases `new_postgres_database` made, connections and all."""
+    import sqlalchemy as sa
+    server = sa.create_engine(service_url("postgres"), isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:
+        for name in names:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    server.dispose()
+
+
 @pytest.fixture(scope="session")
 def kafka_url() -> str:
     return service_url("kafka")

@@ -26,7 +26,7 @@ from pipelines.audit.signing import signer_from_key
 from pipelines.bootstrap import Bootstrap
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
-from tests.conftest import make_log_opener, service_url
+from tests.conftest import drop_postgres_databases, make_log_opener, new_postgres_database
 from tests.e2e.fake_platform import FakeTinyEngine
 from tests.harness import MODEL_ALIAS, Platform
 from tests.helpers import wait_until
@@ -75,23 +75,6 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
-def _fresh_postgres() -> tuple[str, str]:
-    admin_url = service_url("postgres")
-    name = "console_" + uuid.uuid4().hex[:10]
-    engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    engine.dispose()
-    return admin_url.rsplit("/", 1)[0] + "/" + name, name
-
-
-def _drop_postgres(name: str) -> None:
-    engine = sa.create_engine(service_url("postgres"), isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    engine.dispose()
-
-
 def _traffic(platform: Platform, secret: str, count: int, tag: str) -> list[str]:
     ids = []
     with platform.client(secret) as client:
@@ -106,7 +89,7 @@ def _traffic(platform: Platform, secret: str, count: int, tag: str) -> list[str]
 @pytest.fixture(scope="session")
 def console_platform(tmp_path_factory, tiny_model_dir):
     home = tmp_path_factory.mktemp("console")
-    url, name = _fresh_postgres()
+    url, name = new_postgres_database("console_")
     settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000, database_url=url,
                         bootstrap_token="console-bootstrap-" + uuid.uuid4().hex)
     upgrade(url)
@@ -139,4 +122,4 @@ def console_platform(tmp_path_factory, tiny_model_dir):
         platform.close()
         engine_runner.close()
         engine.dispose()
-        _drop_postgres(name)
+        drop_postgres_databases([name])

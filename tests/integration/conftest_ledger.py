@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import sqlalchemy as sa
 
 from migrations.runner import upgrade
 from models.settings import Settings
@@ -20,7 +19,7 @@ from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog import EventLog
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
-from tests.conftest import make_log_opener, service_url
+from tests.conftest import drop_postgres_databases, make_log_opener, new_postgres_database
 
 SIGNER = HmacSigner(b"test-audit-key")
 EVERY = 10  # a signed checkpoint every 10 records per partition, so small logs get several
@@ -36,26 +35,15 @@ class Databases:
         if self.kind == "sqlite":
             url = f"sqlite:///{self._tmp / ('projections-' + uuid.uuid4().hex[:8] + '.db')}"
         else:
-            admin_url = service_url("postgres")
-            name = "ledger_" + uuid.uuid4().hex[:12]
-            admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-            admin.dispose()
+            url, name = new_postgres_database("ledger_")
             self._created.append(name)
-            url = admin_url.rsplit("/", 1)[0] + "/" + name
         if migrate:
             upgrade(url)
         return url
 
     def drop_all(self) -> None:
-        if not self._created:
-            return
-        admin = sa.create_engine(service_url("postgres"), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            for name in self._created:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        if self._created:
+            drop_postgres_databases(self._created)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -176,19 +176,13 @@ def build(args, home: Path):
     from pipelines.bootstrap import Bootstrap
     from pipelines.projections import all_projections
     from pipelines.projections.runner import ProjectionRunner
-    from tests.conftest import make_log_opener, service_url
+    from tests.conftest import drop_postgres_databases, make_log_opener, new_postgres_database
     from tests.harness import Platform
     from tests.slow_engine import SlowEngine
     from workers.engine_runner import EngineRunner
     from workers.tiny_model import make_tiny_model
 
-    server_url = service_url("postgres")
-    name = "bench_console_ttft_" + uuid.uuid4().hex[:8]
-    server = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with server.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    server.dispose()
-    url = server_url.rsplit("/", 1)[0] + "/" + name
+    url, name = new_postgres_database("bench_console_ttft_")
     upgrade(url)
     settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000, decision_timeout_s=20.0,
                         database_url=url, bootstrap_token="bench-" + uuid.uuid4().hex)
@@ -217,10 +211,7 @@ def build(args, home: Path):
         platform.close()
         runner.close()
         db.dispose()
-        dropper = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-        with dropper.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        dropper.dispose()
+        drop_postgres_databases([name])
     return SimpleNamespace(platform=platform, db=db, tenants=tenants, operator=operator, close=close)
 
 
@@ -286,7 +277,6 @@ def with_console(made, args, users: list[dict], start: str, end: str, offset: in
         while not ready.wait(1.0):
             if not child.is_alive() or time.monotonic() - waited > 180:
                 raise RuntimeError("the console users did not sign in")
-        time.sleep(1.0)  # the child's start-up settles before the phase begins
         begin.set()
         row = serving(made, args, args.duration_s, offset)
         stop.set()
