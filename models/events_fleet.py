@@ -47,6 +47,14 @@ class WorkerHeartbeat(Announcement):
     free_slots: int = Field(ge=0)
     kv_cache_usage: float = Field(ge=0.0, le=1.0)
     output_tokens_per_s: float = Field(ge=0.0)
+    # The engine's KV cache as it allocated it: tokens of it in use now, and running totals
+    # since the worker started of sequences it preempted (evicted for want of KV blocks) and
+    # of prompt tokens looked up in, and found in, its prefix cache. Zero from engines that
+    # do not say.
+    kv_tokens_used: int = Field(default=0, ge=0)
+    preemptions: int = Field(default=0, ge=0)
+    prefix_cache_queries: int = Field(default=0, ge=0)
+    prefix_cache_hits: int = Field(default=0, ge=0)
     # The partitions of each work topic the worker owns now (its consumer group's share), so
     # admission can place work by worker (`pipelines.placement`); absent (and left out of
     # the bytes) from workers that do not say.

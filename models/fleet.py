@@ -45,6 +45,10 @@ class WorkerState:
     free_slots: int = 0
     kv_cache_usage: float = 0.0
     output_tokens_per_s: float = 0.0
+    kv_tokens_used: int = 0
+    preemptions: int = 0  # running total since the worker started (see WorkerHeartbeat)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     draining: bool = False
     drain_reason: str | None = None
     left_at: datetime | None = None
@@ -76,12 +80,15 @@ class PoolCapacity:
     running: int = 0
     waiting: int = 0
     output_tokens_per_s: float = 0.0
+    kv_tokens_used: int = 0
+    preemptions: int = 0
 
     def plus(self, w: WorkerState) -> "PoolCapacity":
         return PoolCapacity(self.workers + 1, self.max_seqs + w.capacity.max_seqs,
                             self.kv_cache_tokens + w.capacity.kv_cache_tokens, self.free_slots + w.free_slots,
                             self.running + w.running, self.waiting + w.waiting,
-                            self.output_tokens_per_s + w.output_tokens_per_s)
+                            self.output_tokens_per_s + w.output_tokens_per_s,
+                            self.kv_tokens_used + w.kv_tokens_used, self.preemptions + w.preemptions)
 
 
 class FleetState:
@@ -113,7 +120,9 @@ class FleetState:
         self._workers[hb.worker_id] = replace(
             base, **_announced(hb), last_seen=max(base.last_seen, at), seq=hb.seq, running=hb.running,
             waiting=hb.waiting, free_slots=hb.free_slots, kv_cache_usage=hb.kv_cache_usage,
-            output_tokens_per_s=hb.output_tokens_per_s, draining=base.draining or hb.draining,
+            output_tokens_per_s=hb.output_tokens_per_s, kv_tokens_used=hb.kv_tokens_used,
+            preemptions=hb.preemptions, prefix_cache_queries=hb.prefix_cache_queries,
+            prefix_cache_hits=hb.prefix_cache_hits, draining=base.draining or hb.draining,
             work_partitions=hb.work_partitions)
 
     def forget(self, before: datetime) -> int:
