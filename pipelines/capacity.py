@@ -255,6 +255,7 @@ class CapacityBook:
         self.rates: dict[Key, ServiceRates] = {}
         self._queued: dict[str, tuple[Key, bool]] = {}  # request id -> (key, high)
         self._counts: dict[Key, list[int]] = {}  # key -> [queued, of which high]
+        self._queued_since: dict[str, datetime] = {}  # request id -> when queued, for the oldest age
 
     def rates_of(self, key: Key) -> ServiceRates:
         return self.rates.setdefault(key, ServiceRates())
@@ -264,12 +265,14 @@ class CapacityBook:
             return
         high = priority == "high"
         self._queued[request_id] = (key, high)
+        self._queued_since[request_id] = self._clock()
         counts = self._counts.setdefault(key, [0, 0])
         counts[0] += 1
         counts[1] += high
 
     def _unqueue(self, request_id: str) -> Key | None:
         entry = self._queued.pop(request_id, None)
+        self._queued_since.pop(request_id, None)
         if entry is None:
             return None
         key, high = entry
@@ -310,6 +313,20 @@ class CapacityBook:
         """After a rebalance: what this processor queued before is not known any more."""
         self._queued.clear()
         self._counts.clear()
+        self._queued_since.clear()
+
+    def queue_signals(self, now: datetime) -> dict[Key, tuple[int, float]]:
+        """Per (pool, revision) this processor queued for: the work not seen started or ended,
+        and the age in seconds of the oldest of it (0 when none). Read from another thread (a
+        scrape), so it works on copies."""
+        queued, since = self._queued.copy(), self._queued_since.copy()
+        signals = {key: (0, 0.0) for key in self._counts.copy()}
+        for request_id, (key, _) in queued.items():
+            depth, oldest = signals.get(key, (0, 0.0))
+            at = since.get(request_id)
+            age = max(0.0, (now - at).total_seconds()) if at is not None else 0.0
+            signals[key] = (depth + 1, max(oldest, age))
+        return signals
 
     def outlook(self, key: Key, *, asked_at: datetime) -> Outlook:
         capacity = None
