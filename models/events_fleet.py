@@ -10,6 +10,10 @@ from pydantic import Field
 from models.events import Payload, event
 
 
+def _zero(value: int) -> bool:
+    return value == 0
+
+
 class Capacity(Payload):
     """What one worker's engine can hold at once."""
 
@@ -50,11 +54,12 @@ class WorkerHeartbeat(Announcement):
     # The engine's KV cache as it allocated it: tokens of it in use now, and running totals
     # since the worker started of sequences it preempted (evicted for want of KV blocks) and
     # of prompt tokens looked up in, and found in, its prefix cache. Zero from engines that
-    # do not say.
-    kv_tokens_used: int = Field(default=0, ge=0)
-    preemptions: int = Field(default=0, ge=0)
-    prefix_cache_queries: int = Field(default=0, ge=0)
-    prefix_cache_hits: int = Field(default=0, ge=0)
+    # do not say; a zero is left out of the bytes, so a heartbeat without them encodes as it
+    # did before they existed.
+    kv_tokens_used: int = Field(default=0, ge=0, exclude_if=_zero)
+    preemptions: int = Field(default=0, ge=0, exclude_if=_zero)
+    prefix_cache_queries: int = Field(default=0, ge=0, exclude_if=_zero)
+    prefix_cache_hits: int = Field(default=0, ge=0, exclude_if=_zero)
     # The partitions of each work topic the worker owns now (its consumer group's share), so
     # admission can place work by worker (`pipelines.placement`); absent (and left out of
     # the bytes) from workers that do not say.

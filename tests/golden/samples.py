@@ -3,6 +3,9 @@
 A sample is written once (`python -m tests.golden.samples`) and then only read: a schema
 change that can no longer decode an old sample, or encodes it differently, fails
 tests/unit/test_events.py. New event types get a sample built from their field types.
+Fields added later to a version, with defaults, get a sample of their own beside the first
+(`<type>.v<n>.<what>.json`, written from the current shape), so both shapes keep decoding
+to the same bytes.
 """
 from __future__ import annotations
 
