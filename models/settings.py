@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.prompt_class import LONG_MIN_TOKENS, SHORT_MAX_TOKENS, check_thresholds
+
 DEFAULT_HOME = Path(".local/ledgerlm")
 
 
@@ -163,6 +165,11 @@ class Settings(BaseSettings):
     # answering 503 `admission_timeout` / `log_unavailable` with Retry-After; a request
     # appended meanwhile is cancelled, so a reservation made for it later is released.
     decision_timeout_s: float = Field(default=5.0, gt=0)
+    # Workload classes by prompt length (models.prompt_class): a prompt of at most the first
+    # many input tokens is short, one of at least the second is long, medium between. They
+    # label the API's latency histograms and group the SLO report (`ledgerlm slo report`).
+    prompt_short_max_tokens: int = Field(default=SHORT_MAX_TOKENS, ge=0)
+    prompt_long_min_tokens: int = Field(default=LONG_MIN_TOKENS, ge=0)
 
     @model_validator(mode="after")
     def _embedded_defaults(self) -> "Settings":
@@ -172,6 +179,11 @@ class Settings(BaseSettings):
         self.database_url = self.database_url or f"sqlite:///{home}/ledgerlm.db"
         self.object_store_url = self.object_store_url or f"file://{home}/objects"
         self.celery_broker_url = self.celery_broker_url or f"sqla+sqlite:///{home}/celery.db"
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_classes(self) -> "Settings":
+        check_thresholds(self.prompt_short_max_tokens, self.prompt_long_min_tokens)
         return self
 
     @field_validator("cpus")
