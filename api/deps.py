@@ -15,6 +15,7 @@ from api.outage import log_unavailable
 from api.metrics import ApiMetrics
 from api.request_stream import StreamHistory
 from models.digests import TenantDigests
+from models.prompt_class import PromptThresholds
 from models.registry import Principal
 from models.settings import Settings
 from pipelines.admin import RegistryView
@@ -51,6 +52,7 @@ class Services:
         self.digests = self.digests or TenantDigests.from_settings(self.settings)
         self.fleet = self.fleet or FleetView(self.log)
         self.metrics.fleet = self.fleet  # its series are read from the fleet view at scrape time
+        self.metrics.prompt_thresholds = PromptThresholds.from_settings(self.settings)
         self.index = self.index or RequestIndex(self.log)
         self.history = self.history or StreamHistory(self.log)
         self.log_watch = self.log_watch or LogWatch(self.log)

@@ -168,6 +168,7 @@ async def _start_once(svc: Services, principal: Principal, cmd: SubmitGeneration
         except ApiError:  # it may reach the log later all the same
             outage.abandon(svc, tenant_id, cmd.request_id, submitting)
             raise
+        tracker.describe(submitted.request.model_revision, submitted.request.input_tokens)
         if cmd.idempotency_key_sha256 is not None:
             other = await _after_key_race(svc, stream, submitted)
             if other is not None:

@@ -1,4 +1,4 @@
-"""`/metrics` after real traffic: latency histograms per pool, decisions by reason,
+"""`/metrics` after real traffic: latency histograms per pool, revision and prompt class, decisions by reason,
 tokens and in-flight per tenant; and no prompt or completion text anywhere in metrics
 or in the log lines the platform wrote meanwhile."""
 from __future__ import annotations
@@ -33,9 +33,11 @@ def test_metrics_describe_traffic_and_never_carry_text(platform, caplog):
         text = client.get("/metrics").text
 
     found = samples(text)
-    pool = frozenset({("pool", "interactive-normal")})
-    for name in ("ledgerlm_ttft_seconds_count", "ledgerlm_e2e_seconds_count", "ledgerlm_queue_seconds_count"):
+    # A few words of chat: a short prompt, at the revision the alias names.
+    pool = frozenset({("pool", "interactive-normal"), ("revision", platform.model_revision), ("prompt_class", "short")})
+    for name in ("ledgerlm_ttft_seconds_count", "ledgerlm_e2e_seconds_count"):
         assert found[(name, pool)] >= 2, name
+    assert found[("ledgerlm_queue_seconds_count", frozenset({("pool", "interactive-normal")}))] >= 2
     # One gap per token after the first, however the tokens were grouped into events.
     assert found[("ledgerlm_inter_token_seconds_count", pool)] >= 2 * 5
     assert found[("ledgerlm_admission_decisions_total", frozenset({("decision", "admitted"), ("reason", "")}))] >= 2

@@ -56,11 +56,12 @@ def test_a_silent_stream_times_out():
 def test_tracker_measures_one_generation():
     metrics = ApiMetrics()
     tracker = metrics.track("tenant-a", "interactive-normal", started_at=0.0)
+    tracker.describe("tiny@1", 12)
     for event in STREAM:
         tracker.on_event(event)
     found = {(s.name, tuple(sorted(s.labels.items()))): s.value
              for f in text_string_to_metric_families(metrics.render()[0].decode()) for s in f.samples}
-    pool = (("pool", "interactive-normal"),)
+    pool = (("pool", "interactive-normal"), ("prompt_class", "short"), ("revision", "tiny@1"))
     assert found[("ledgerlm_ttft_seconds_count", pool)] == 1
     assert found[("ledgerlm_inter_token_seconds_count", pool)] == 1
     assert found[("ledgerlm_e2e_seconds_count", pool)] == 1
@@ -74,12 +75,13 @@ def test_every_token_after_the_first_is_one_inter_token_gap_however_events_group
 
     metrics = ApiMetrics()
     tracker = metrics.track("tenant-a", "interactive-normal", started_at=0.0)
+    tracker.describe("tiny@1", 12)
     for event in [STREAM[0], ev(5, TokensEmitted(request_id="r", seq=0, text="abc", token_count=3)),
                   ev(6, TokensEmitted(request_id="r", seq=1, text="de", token_count=2))]:
         tracker.on_event(event)
     found = {(s.name, tuple(sorted(s.labels.items()))): s.value
              for f in text_string_to_metric_families(metrics.render()[0].decode()) for s in f.samples}
-    pool = (("pool", "interactive-normal"),)
+    pool = (("pool", "interactive-normal"), ("prompt_class", "short"), ("revision", "tiny@1"))
     assert found[("ledgerlm_inter_token_seconds_count", pool)] == 4
     # The first event's two later tokens reached the client with the first one: no wait.
     assert found[("ledgerlm_inter_token_seconds_bucket", (("le", "0.001"),) + pool)] >= 2
