@@ -10,24 +10,36 @@ from models.events import decode, new_event
 from models.events_generation import GenerationQueued, GenerationRequested, Position, PromptSubmitted
 from pipelines.routing import publish
 from tests.helpers import wait_until
+from tests.kv_stand_in import StandInKv
 from workers.engine import EngineDelta, InferenceEngine
 
 
 class FakeEngine(InferenceEngine):
-    """One token per request; with `hold`, never finishes until aborted or closed."""
+    """One token per request; with `hold`, never finishes until aborted or closed. With
+    `kv_tokens`, a KV cache of that many tokens in blocks of `block_size`, which a running
+    request holds its prompt (one token a word) and its output in (`tests.kv_stand_in`)."""
 
-    def __init__(self, hold: bool):
+    def __init__(self, hold: bool, *, kv_tokens: int = 0, block_size: int = 16):
         self.hold, self.started = hold, []
         self._aborted: dict[str, asyncio.Event] = {}
+        self.kv = StandInKv(kv_tokens, block_size)
 
     async def generate(self, request):
         self.started.append(request.request_id)
-        if self.hold:
-            self._aborted[request.request_id] = asyncio.Event()
-            await self._aborted[request.request_id].wait()
-            yield EngineDelta(request.request_id, "", 0, 0, True, "abort")
-            return
-        yield EngineDelta(request.request_id, "x", 1, 1, True, "length")
+        self.kv.hold(request.request_id, self.count_tokens(request.prompt))
+        try:
+            if self.hold:
+                self._aborted[request.request_id] = asyncio.Event()
+                await self._aborted[request.request_id].wait()
+                yield EngineDelta(request.request_id, "", 0, 0, True, "abort")
+                return
+            self.kv.grow(request.request_id)
+            yield EngineDelta(request.request_id, "x", 1, 1, True, "length")
+        finally:
+            self.kv.release(request.request_id)
+
+    def kv_figures(self):
+        return self.kv.figures()
 
     async def abort(self, request_id):
         if request_id in self._aborted:

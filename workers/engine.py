@@ -40,6 +40,23 @@ class EngineDelta:
     cached_prompt_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KvFigures:
+    """The engine's KV cache as it allocated it, and what it did with it. Zero where the
+    engine does not know (a stand-in without a cache, or one not started yet).
+
+    `used_tokens` counts whole blocks held by running requests; `preemptions` and the
+    prefix-cache counts are running totals since the engine started: prompt tokens looked
+    up in the prefix cache, and those found there."""
+
+    capacity_tokens: int = 0
+    used_tokens: int = 0
+    usage: float = 0.0  # of the blocks requests can hold, 0..1
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
 class EngineError(Exception):
     """The engine could not serve a request (dead, overloaded, or failed mid-stream)."""
 
@@ -83,6 +100,16 @@ class InferenceEngine(abc.ABC):
         """The engine's own word that it died (vLLM's errored state), readable from any
         thread without a call on its loop. An engine with no such state says False."""
         return False
+
+    def kv_figures(self) -> KvFigures:
+        """The KV cache's size and use now; readable from any thread (the fleet heartbeat
+        and the metrics scrape read it). An engine that keeps no such figures says zeros."""
+        return KvFigures()
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence, prompt and output together, the engine holds; None for an
+        engine with no limit of its own."""
+        return None
 
     @abc.abstractmethod
     def count_tokens(self, text: str) -> int:

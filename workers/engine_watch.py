@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Callable
 
-from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine
+from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine, KvFigures
 from workers.engine_runner import EngineRunner
 
 logger = logging.getLogger(__name__)
@@ -214,6 +214,12 @@ class WatchedEngine(InferenceEngine):
 
     def errored(self) -> bool:
         return engine_errored(self.inner)
+
+    def kv_figures(self) -> KvFigures:
+        return self.inner.kv_figures()
+
+    def max_model_len(self) -> int | None:
+        return self.inner.max_model_len()
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)

@@ -46,6 +46,11 @@ class Load:
     kv_cache_usage: float  # 0..1
     output_tokens_per_s: float
     work_partitions: dict[str, list[int]] | None = None  # work topic -> partitions owned now
+    # The engine's KV cache: tokens in use now, and running totals (`workers.engine.KvFigures`).
+    kv_tokens_used: int = 0
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class FleetPresence:
@@ -86,7 +91,10 @@ class FleetPresence:
                 **self._who(), seq=self._seq, draining=self._draining, running=load.running,
                 waiting=load.waiting, free_slots=load.free_slots,
                 kv_cache_usage=min(1.0, max(0.0, load.kv_cache_usage)),
-                output_tokens_per_s=max(0.0, load.output_tokens_per_s), work_partitions=load.work_partitions)
+                output_tokens_per_s=max(0.0, load.output_tokens_per_s), work_partitions=load.work_partitions,
+                kv_tokens_used=max(0, load.kv_tokens_used), preemptions=max(0, load.preemptions),
+                prefix_cache_queries=max(0, load.prefix_cache_queries),
+                prefix_cache_hits=max(0, load.prefix_cache_hits))
         except Exception:
             logger.exception("fleet: %s could not read its load; no heartbeat this time", self.identity.worker_id)
             return

@@ -40,6 +40,7 @@ from workers.engine import (
     EngineRequest,
     InferenceEngine,
     InvalidEngineRequest,
+    KvFigures,
 )
 from workers.engine_stats import EngineStats
 from workers.reaper import Reaper
@@ -334,6 +335,24 @@ class VllmEngine(InferenceEngine):
         if cpus:
             confine_threads(self._processes, cpus)
         return cpus
+
+    def kv_figures(self) -> KvFigures:
+        """The KV cache as vLLM allocated it, known once the engine started, and its use as
+        of the last step the stats saw (`workers.engine_stats`); with stats off
+        (`log_stats`), only its size."""
+        llm = self._llm
+        if llm is None:
+            return KvFigures()
+        cache = llm.vllm_config.cache_config
+        blocks, block_size = cache.num_gpu_blocks or 0, cache.block_size
+        if self.stats is None:
+            return KvFigures(capacity_tokens=blocks * block_size)
+        return self.stats.kv_figures(blocks, block_size, busy=llm.get_num_unfinished_requests() > 0)
+
+    def max_model_len(self) -> int:
+        """vLLM's own figure once started (it may lower the configured one to fit the cache)."""
+        llm = self._llm
+        return llm.model_config.max_model_len if llm is not None else self.config.max_model_len
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds: queued, running, or not yet drained."""

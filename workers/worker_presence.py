@@ -11,13 +11,11 @@ from workers.fleet_presence import FleetPresence, Load, WorkerIdentity
 
 
 def engine_capacity_of(engine: InferenceEngine, running: int) -> Capacity:
-    """The engine's capacity as vLLM was configured: sequences, KV-cache tokens, context.
-    An engine without a vLLM config (a test double) reports what the worker runs."""
-    config = getattr(engine, "config", None)
-    max_model_len = getattr(config, "max_model_len", None) or 1
-    kv_tokens = getattr(engine, "kv_cache_tokens", None)
-    kv_tokens = kv_tokens() if callable(kv_tokens) else 0
-    return Capacity(max_seqs=max(1, running), kv_cache_tokens=max(0, kv_tokens or 0), max_model_len=max_model_len)
+    """What the worker's engine holds: the sequences the worker runs at once, the KV-cache
+    tokens the engine allocated (0: it does not say), and its context length (1 for an
+    engine with no limit of its own, which a stand-in is)."""
+    return Capacity(max_seqs=max(1, running), kv_cache_tokens=max(0, engine.kv_figures().capacity_tokens),
+                    max_model_len=max(1, engine.max_model_len() or 1))
 
 
 class TokenRate:
@@ -53,8 +51,10 @@ def worker_presence(worker, log, *, revision: str, engine_config_hash: str, runn
                               capacity=engine_capacity_of(worker.engine, running))
 
     def load() -> Load:
-        in_flight = worker.in_flight
+        in_flight, kv = worker.in_flight, worker.engine.kv_figures()
         return Load(running=min(in_flight, running), waiting=worker.queued + max(0, in_flight - running),
-                    free_slots=max(0, worker.capacity - in_flight), kv_cache_usage=0.0,
-                    output_tokens_per_s=rate(), work_partitions=owned_work(worker._assigned))
+                    free_slots=max(0, worker.capacity - in_flight), kv_cache_usage=kv.usage,
+                    output_tokens_per_s=rate(), work_partitions=owned_work(worker._assigned),
+                    kv_tokens_used=kv.used_tokens, preemptions=kv.preemptions,
+                    prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
     return FleetPresence(log, identity, load, interval_s=interval_s)

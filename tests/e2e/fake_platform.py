@@ -20,6 +20,9 @@ class FakeTinyEngine(FakeEngine):
         super().__init__(hold=False)
         self.config = SimpleNamespace(model=model_dir, max_model_len=512)
 
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
 
 def fake_platform(home: Path, model_dir: Path) -> tuple[Platform, EngineRunner]:
     """The platform and its engine's runner; close the platform, then the runner."""

@@ -19,6 +19,7 @@ from tests.slow_engine import SlowEngine
 from workers.engine import EngineRequest
 
 BLOCK_CHARS = 64
+TOKENS_PER_BLOCK = 16  # what a block of BLOCK_CHARS stands for, in the prefix-cache counts
 
 
 def block_hashes(tenant_id: str, prompt: str) -> list[bytes]:
@@ -39,6 +40,9 @@ class PrefixCachedEngine(SlowEngine):
         self._prefill: asyncio.Lock | None = None
         self.blocks_found = self.blocks_computed = self.requests = 0
 
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
     async def prefill(self, request: EngineRequest) -> None:
         self.requests += 1
         if self._prefill is None:
@@ -53,6 +57,7 @@ class PrefixCachedEngine(SlowEngine):
             await asyncio.sleep((len(hashes) - found) * self.prefill_s_per_block)
         self.blocks_found += found
         self.blocks_computed += len(hashes) - found
+        self.kv.looked_up(len(hashes) * TOKENS_PER_BLOCK, found * TOKENS_PER_BLOCK)
         for h in hashes:
             self._cache[h] = None
             self._cache.move_to_end(h)
