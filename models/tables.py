@@ -49,7 +49,10 @@ generations = Table(
     Column("reservation_id", String(64)),
     Column("reserved_tokens", BigInteger),
     Column("reserved_cost_micros", BigInteger),
-    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("input_tokens", Integer, nullable=False, default=0),  # charged: 0 where the engine never ran it
+    # The prompt's tokens as requested, whatever ran: its workload class (models.prompt_class).
+    # NULL: the request is not projected yet, or its row predates the column and ran nothing.
+    Column("prompt_tokens", Integer),
     Column("output_tokens", Integer, nullable=False, default=0),
     # Of the output tokens, those its client received where it went away early (NULL: all).
     Column("delivered_output_tokens", Integer),

@@ -63,7 +63,8 @@ def merge(row: Row, e: Event) -> None:
     if t == "GenerationRequested":
         row.update(application_id=p.get("application_id"), key_id=p.get("key_id"), model_alias=p.get("model_alias"),
                    model_revision=p.get("model_revision"), priority=p.get("priority"), created_at=e.at(),
-                   route_rule=p.get("route_rule"), fallback_from=p.get("fallback_from"))
+                   route_rule=p.get("route_rule"), fallback_from=p.get("fallback_from"),
+                   prompt_tokens=p.get("input_tokens"))
         if row["outcome"] is None and not row["settled"]:
             row["input_tokens"] = p.get("input_tokens", 0)
     elif t == "BudgetReserved":
