@@ -35,27 +35,38 @@ def _time(at: datetime) -> str:
     return at.strftime("%H:%M:%S")
 
 
+def _hits(queries: int, hits: int) -> str:
+    """The prefix cache's hit rate over prompt tokens looked up, 5 wide ('-': none looked up)."""
+    return f"{hits / queries * 100:>4.0f}%" if queries else f"{'-':>5}"
+
+
 def table(report: FleetOut) -> str:
-    """The report as text: one line per worker, then one per (pool, revision)."""
+    """The report as text: one line per worker, then one per (pool, revision). KV TOKENS is
+    the cache the engine allocated, KV USED what requests hold of it now; PREEMPT and HIT%
+    (prefix-cache hits over prompt tokens looked up) count since each worker started."""
     head = (f"{'WORKER':<28} {'POOL':<12} {'REVISION':<24} {'ENGINE':<12} {'STATE':<8} {'RUN':>4} {'WAIT':>4} "
-            f"{'FREE':>4} {'SEQS':>5} {'KV TOKENS':>10} {'MAX LEN':>7} {'KV%':>5} {'TOK/S':>8}  LAST HEARTBEAT")
+            f"{'FREE':>4} {'SEQS':>5} {'KV TOKENS':>10} {'KV USED':>10} {'MAX LEN':>7} {'KV%':>5} {'PREEMPT':>7} "
+            f"{'HIT%':>5} {'TOK/S':>8}  LAST HEARTBEAT")
     lines = [f"fleet as of {report.as_of.isoformat(timespec='seconds')}", head]
     for w in report.workers:
         c, load = w.capacity, w.load
         lines.append(
             f"{w.worker_id:<28} {w.pool:<12} {w.model_revision:<24} {w.engine_config_hash[:12]:<12} {w.status:<8} "
             f"{load.running:>4} {load.waiting:>4} {load.free_slots:>4} {c.max_seqs:>5} {c.kv_cache_tokens:>10} "
-            f"{c.max_model_len:>7} {load.kv_cache_usage * 100:>4.0f}% {load.output_tokens_per_s:>8.1f}  "
-            f"{_time(w.last_heartbeat_at)} ({_age(w.last_heartbeat_age_s)} ago)")
+            f"{load.kv_tokens_used:>10} {c.max_model_len:>7} {load.kv_cache_usage * 100:>4.0f}% "
+            f"{load.preemptions:>7} {_hits(load.prefix_cache_queries, load.prefix_cache_hits)} "
+            f"{load.output_tokens_per_s:>8.1f}  {_time(w.last_heartbeat_at)} ({_age(w.last_heartbeat_age_s)} ago)")
     if not report.workers:
         lines.append("(no workers heard from)")
     lines.append("")
     lines.append(f"{'POOL':<12} {'REVISION':<24} {'SERVING':>7} {'FREE':>5} {'SEQS':>5} {'KV TOKENS':>10} "
-                 f"{'RUN':>5} {'WAIT':>5} {'TOK/S':>8}  OTHERS")
+                 f"{'KV USED':>10} {'RUN':>5} {'WAIT':>5} {'PREEMPT':>7} {'HIT%':>5} {'TOK/S':>8}  OTHERS")
     for p in report.pools:
         others = ", ".join(f"{n} {s}" for s, n in p.by_status.items() if n and s != "live") or "-"
         lines.append(f"{p.pool:<12} {p.model_revision:<24} {p.workers:>7} {p.free_slots:>5} {p.max_seqs:>5} "
-                     f"{p.kv_cache_tokens:>10} {p.running:>5} {p.waiting:>5} {p.output_tokens_per_s:>8.1f}  {others}")
+                     f"{p.kv_cache_tokens:>10} {p.kv_tokens_used:>10} {p.running:>5} {p.waiting:>5} "
+                     f"{p.preemptions:>7} {_hits(p.prefix_cache_queries, p.prefix_cache_hits)} "
+                     f"{p.output_tokens_per_s:>8.1f}  {others}")
     return "\n".join(lines)
 
 

@@ -1,10 +1,12 @@
 """Prometheus metrics of an interactive pool worker, read from it at scrape time.
 
 What it has read ahead and not taken (queue depth and the oldest one's age, by pool,
-revision and priority), what it runs, its free slots and the output tokens it wrote; and
-what its vLLM engine says of itself (KV-cache usage, preemptions, step times) where the
-engine keeps `EngineStats` (`workers.engine_stats`; a fake engine has none, and those
-series are then absent). Served by `pipelines.metrics.serve_metrics`, one worker a process.
+revision and priority), what it runs, its free slots and the output tokens it wrote; its
+engine's KV cache in tokens, allocated and in use, where the engine says (`kv_figures` of
+the engine port); and what its vLLM engine says of itself (KV-cache usage, preemptions,
+prefix-cache lookups, step times) where the engine keeps `EngineStats`
+(`workers.engine_stats`; a fake engine has none, and those series are then absent).
+Served by `pipelines.metrics.serve_metrics`, one worker a process.
 """
 from __future__ import annotations
 
@@ -48,6 +50,12 @@ class WorkerCollector(Collector):
                                      labels=labels)
         tokens.add_metric(values, w.output_tokens)
         yield tokens
+        kv = w.engine.kv_figures()
+        if kv.capacity_tokens:
+            yield _gauge("ledgerlm_engine_kv_cache_tokens", "KV-cache tokens the engine allocated",
+                         labels, values, kv.capacity_tokens)
+            yield _gauge("ledgerlm_engine_kv_cache_used_tokens",
+                         "KV-cache tokens running requests hold (whole blocks)", labels, values, kv.used_tokens)
         stats = getattr(w.engine, "stats", None)
         if isinstance(stats, EngineStats):
             yield from _engine(stats, labels, values)
@@ -68,6 +76,14 @@ def _engine(stats: EngineStats, labels: list[str], values: list[str]):
                                       labels=labels)
     preemptions.add_metric(values, stats.preemptions)
     yield preemptions
+    for name, help_text, total in (
+            ("ledgerlm_engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache (vLLM)",
+             stats.prefix_cache_queries),
+            ("ledgerlm_engine_prefix_cache_hits", "Prompt tokens found in the prefix cache (vLLM)",
+             stats.prefix_cache_hits)):
+        family = CounterMetricFamily(name, help_text, labels=labels)
+        family.add_metric(values, total)
+        yield family
     steps = HistogramMetricFamily("ledgerlm_engine_step_seconds", "Time of one engine step (vLLM)", labels=labels)
     cumulative, buckets = 0, []
     for bound, count in zip([*map(str, STEP_BUCKETS_S), "+Inf"], list(stats.step_counts)):

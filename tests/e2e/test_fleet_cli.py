@@ -23,7 +23,8 @@ from workers.fleet_presence import FleetPresence, Load, WorkerIdentity
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL_S = 0.25
 CAP = Capacity(max_seqs=6, kv_cache_tokens=12288, max_model_len=2048)
-LOAD = Load(running=2, waiting=3, free_slots=4, kv_cache_usage=0.5, output_tokens_per_s=12.5)
+LOAD = Load(running=2, waiting=3, free_slots=4, kv_cache_usage=0.5, output_tokens_per_s=12.5, kv_tokens_used=6144,
+            preemptions=1, prefix_cache_queries=400, prefix_cache_hits=100)
 
 
 def ledgerlm(settings, *args: str) -> subprocess.CompletedProcess:
@@ -65,19 +66,23 @@ def test_fleet_status_shows_live_lost_and_left_workers(kind, tmp_path):
         assert live["model_revision"] == revision and live["engine_config_hash"] == "cfg-hash"
         assert live["capacity"] == {"max_seqs": 6, "kv_cache_tokens": 12288, "max_model_len": 2048}
         assert live["load"] == {"running": 2, "waiting": 3, "free_slots": 4, "kv_cache_usage": 0.5,
-                                "output_tokens_per_s": 12.5}
+                                "output_tokens_per_s": 12.5, "kv_tokens_used": 6144, "preemptions": 1,
+                                "prefix_cache_queries": 400, "prefix_cache_hits": 100}
         assert live["last_heartbeat_age_s"] < 10 and live["heartbeat_interval_ms"] == 250
         assert silent["last_heartbeat_age_s"] > 3 * INTERVAL_S
         assert (gone["left_reason"], gone["exit_code"]) == ("shutdown", 0)
         [pool] = report["pools"]
         assert (pool["pool"], pool["model_revision"], pool["workers"], pool["free_slots"], pool["max_seqs"]) == \
             ("interactive", revision, 1, 4, 6)
+        assert (pool["kv_cache_tokens"], pool["kv_tokens_used"]) == (12288, 6144)
         assert pool["by_status"] == {"live": 1, "draining": 0, "lost": 1, "left": 1}
 
         text = ledgerlm(opener.settings, "status", "--revision", revision).stdout
         rows = [line.split() for line in text.splitlines() if line.endswith("ago)")]
         states = {row[0]: row[4] for row in rows}
         assert states == {f"live-{tag}": "live", f"silent-{tag}": "lost", f"gone-{tag}": "left"}
+        live_row = next(row for row in rows if row[0] == f"live-{tag}")
+        assert live_row[9:11] == ["12288", "6144"]  # KV TOKENS, KV USED
         assert json.loads(ledgerlm(opener.settings, "status", "--json", "--pool", "other").stdout)["workers"] == []
     finally:
         for presence in presences.values():
