@@ -98,7 +98,7 @@ def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
 
     platform = Bootstrap(settings)
     log = platform.event_log()
-    metrics = AdmissionMetrics()
+    metrics = AdmissionMetrics.from_settings(settings)
     readiness = Readiness("admission")
     processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
                                    on_written=metrics.written, lost_after_s=settings.worker_lost_after_s,

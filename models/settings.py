@@ -160,6 +160,11 @@ class Settings(BaseSettings):
     # defaults are far below any real engine, so only hopeless deadlines are refused.
     admission_floor_first_token_ms: float = Field(default=5.0, ge=0, allow_inf_nan=False)
     admission_floor_ms_per_output_token: float = Field(default=0.5, ge=0, allow_inf_nan=False)
+    # The desired replica count admission exports (`ledgerlm_desired_replicas`,
+    # pipelines.autoscaling_signals): each replica planned at this share of its measured
+    # goodput (as `ledgerlm capacity plan --ceiling`), from the requests admitted over the window.
+    autoscale_utilization_ceiling: float = Field(default=0.7, gt=0, le=1)
+    autoscale_window_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     default_deadline_ms: int = 120_000
     # How long the API waits for admission's decision on a request (and for the log) before
     # answering 503 `admission_timeout` / `log_unavailable` with Retry-After; a request
