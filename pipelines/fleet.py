@@ -101,7 +101,11 @@ class FleetView:
             name = topics.FLEET.name
             tail = self._log.tail(name, {p: 0 for p in range(self._log.partitions(name))})
             since = self._clock() - timedelta(seconds=self._look_back_s)
-            tail.seek_to_time(int(since.timestamp() * 1000))
+            try:
+                tail.seek_to_time(int(since.timestamp() * 1000))
+            except BaseException:
+                tail.close()  # the next refresh opens another: one per failed try would pile up
+                raise
             self._tail = tail
         return self._tail
 

@@ -20,6 +20,7 @@ from pipelines.eventlog.base import (
     EventLog, EventLogError, GroupConsumer, Message, Record, Tail, TopicPartition, TopicSpec, UnknownTopic,
     partition_for,
 )
+from pipelines.eventlog.kafka_clients import close_all, open_client
 from pipelines.eventlog.kafka_groups import KafkaGroupConsumer, to_record
 
 _TOPIC_ALREADY_EXISTS = kerr.TopicAlreadyExistsError.errno
@@ -63,7 +64,7 @@ class KafkaEventLog(EventLog):
         self._group_options = {**GROUP_DEFAULTS, **(group_options or {})}
         self._producer_options = dict(producer_options or {})
         try:
-            self._admin = KafkaAdminClient(client_id=f"{client_id}-admin", **self._common)
+            self._admin = open_client(KafkaAdminClient, client_id=f"{client_id}-admin", **self._common)
         except kerr.KafkaError as exc:
             raise EventLogError(f"cannot reach Kafka at {','.join(servers)}: {exc!r}") from exc
         self._lock = threading.Lock()
@@ -143,7 +144,7 @@ class KafkaEventLog(EventLog):
         placed = [(self.place(topic, m), m) for m in messages]
         with self._lock:
             if self._producer is None:
-                self._producer = KafkaProducer(**self.producer_config(client_id=self._client_id))
+                self._producer = open_client(KafkaProducer, **self.producer_config(client_id=self._client_id))
             producer = self._producer
         stamp = time.time_ns() // 1_000_000
         futures = [producer.send(topic, key=m.key.encode(), value=bytes(m.value), partition=p, timestamp_ms=stamp)
@@ -179,8 +180,8 @@ class KafkaEventLog(EventLog):
             # A short fetch wait. The consumer fetches ahead after each poll, and a read of
             # another partition waits until that fetch returns: at the broker's default wait
             # (500 ms; it was 100 here) every change of partition cost that long.
-            self._reader = KafkaConsumer(**self.consumer_config(client_id=f"{self._client_id}-reader",
-                                                                fetch_max_wait_ms=5))
+            self._reader = open_client(KafkaConsumer, **self.consumer_config(client_id=f"{self._client_id}-reader",
+                                                                             fetch_max_wait_ms=5))
         if self._reader.assignment() != {tp}:
             self._reader.assign([tp])
         return self._reader
@@ -291,15 +292,14 @@ class KafkaEventLog(EventLog):
         return member
 
     def close(self) -> None:
-        for member in list(self._members):
-            member.close()
-        for tail in list(self._tails):
-            tail.close()
-        if self._reader is not None:
-            self._reader.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))
-        if self._producer is not None:
-            self._producer.close(timeout=self._timeout_s)
-        self._admin.close()
+        """Closes every client it opened (members, tails, reader, producer, admin), each even
+        when one before it fails: a leftover client keeps a thread and a connection."""
+        reader, self._reader = self._reader, None
+        producer, self._producer = self._producer, None
+        close_all([*(member.close for member in list(self._members)), *(tail.close for tail in list(self._tails)),
+                   *([lambda: reader.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))] if reader else []),
+                   *([lambda: producer.close(timeout=self._timeout_s)] if producer else []),
+                   self._admin.close])
 
 
 def _group_members(described, group: str) -> list[dict]:

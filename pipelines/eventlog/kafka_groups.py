@@ -17,6 +17,7 @@ from kafka import errors as kerr
 from kafka.structs import MemberState
 
 from pipelines.eventlog.base import EventLogError, Fenced, GroupConsumer, Message, Record, TopicPartition
+from pipelines.eventlog.kafka_clients import close_all, open_client
 
 if TYPE_CHECKING:
     from pipelines.eventlog.kafka import KafkaEventLog
@@ -72,9 +73,13 @@ class KafkaGroupConsumer(GroupConsumer):
         self.member_id = member_id
         self._timeout_s = timeout_s
         self._on_close = on_close
-        self._consumer = KafkaConsumer(**log.consumer_config(group_id=group, client_id=f"{client_id}-{member_id}",
-                                                             **group_options))
-        self._consumer.subscribe(topics=topics, listener=_Revocations(self))
+        self._consumer = open_client(KafkaConsumer, **log.consumer_config(
+            group_id=group, client_id=f"{client_id}-{member_id}", **group_options))
+        try:
+            self._consumer.subscribe(topics=topics, listener=_Revocations(self))
+        except BaseException:
+            self._consumer.close(autocommit=False, timeout_ms=0)
+            raise
         # What kafka-python itself allows a JoinGroup round trip: the broker's rebalance timeout plus slack.
         self._join_timeout_ms = self._consumer.config["max_poll_interval_ms"] + 5000
         self._producer: KafkaProducer | None = None
@@ -215,7 +220,7 @@ class KafkaGroupConsumer(GroupConsumer):
 
     def _transactional_producer(self) -> KafkaProducer:
         if self._producer is None:
-            producer = KafkaProducer(**self._log.producer_config(
+            producer = open_client(KafkaProducer, **self._log.producer_config(
                 client_id=f"{self._consumer.config['client_id']}-txn",
                 transactional_id=f"{self._group}-{self.member_id}",
                 # A transaction begun within milliseconds of the last one's commit often meets
@@ -322,9 +327,9 @@ class KafkaGroupConsumer(GroupConsumer):
         if self._closed:
             return
         self._closed = True
+        producer, self._producer = self._producer, None
         try:
-            if self._producer is not None:
-                self._producer.close(timeout=self._timeout_s)
-            self._consumer.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))
+            close_all([*([lambda: producer.close(timeout=self._timeout_s)] if producer else []),
+                       lambda: self._consumer.close(autocommit=False, timeout_ms=int(self._timeout_s * 1000))])
         finally:
             self._on_close(self)

@@ -14,6 +14,7 @@ from kafka import KafkaConsumer
 from kafka.errors import KafkaTimeoutError
 
 from pipelines.eventlog.base import Record, Tail
+from pipelines.eventlog.kafka_clients import open_client
 from pipelines.eventlog.kafka_groups import to_record
 
 if TYPE_CHECKING:
@@ -33,11 +34,15 @@ class KafkaTail(Tail):
     def _open(self) -> KafkaConsumer:
         # A short broker-side wait: the fetch returns at the first record anyway, and a
         # short one keeps `poll(timeout_s)` close to the caller's timeout when idle.
-        consumer = KafkaConsumer(**self._log.consumer_config(
+        consumer = open_client(KafkaConsumer, **self._log.consumer_config(
             client_id=f"{self._log._client_id}-tail", fetch_max_wait_ms=self._fetch_max_wait_ms))  # noqa: SLF001
-        consumer.assign(list(self._tps.values()))
-        for partition, tp in self._tps.items():
-            consumer.seek(tp, self.offsets[partition])
+        try:
+            consumer.assign(list(self._tps.values()))
+            for partition, tp in self._tps.items():
+                consumer.seek(tp, self.offsets[partition])
+        except BaseException:
+            consumer.close(autocommit=False, timeout_ms=0)
+            raise
         return consumer
 
     def _lookup(self, ask: Callable[[KafkaConsumer], dict]) -> dict:
@@ -89,6 +94,8 @@ class KafkaTail(Tail):
             self.seek(partition, at.offset if at is not None else ends[partition])
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
-        if self._on_close is not None:
-            self._on_close(self)
+        try:
+            self._consumer.close(autocommit=False)
+        finally:
+            if self._on_close is not None:
+                self._on_close(self)
