@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 HANDLERS = {"admin": _admin, "db": _db, "demo": _demo}
 # Feature modules add their own verbs: each has `register(subparsers) -> {verb: handler}`.
 FEATURE_MODULES: list[str] = ["api.cli_ledger", "api.cli_batch", "api.cli_fleet", "api.cli_capacity", "api.cli_loadtest",
-                              "api.cli_rollout"]
+                              "api.cli_rollout", "api.cli_slo"]
 
 
 def main(argv: list[str] | None = None) -> int:
