@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The local services the integration tests use, installed and run from .local/:
-#   infra/services.sh up|down|status [kafka postgres redis s3 ...]   (all four by default)
+#   infra/services.sh up|down|status [kafka postgres redis s3 prometheus ...]   (all five by default)
 # `up` installs what is missing, starts each service and waits for it (bounded), then
 # writes .local/services.env; a second `up` changes nothing. `down` leaves no process.
 # `status` exits 3 when any named service is stopped.
@@ -8,7 +8,7 @@ set -euo pipefail
 SERVICE=services
 source "$(dirname "$0")/lib.sh"
 
-ALL=(kafka postgres redis s3)
+ALL=(kafka postgres redis s3 prometheus)
 ENV_FILE="$LOCAL/services.env"
 
 usage() { echo "usage: $0 up|down|status [${ALL[*]}]" >&2; exit 2; }
@@ -23,6 +23,7 @@ export LEDGERLM_TEST_S3=http://127.0.0.1:19000
 export LEDGERLM_TEST_S3_KEY=ledgerlm
 export LEDGERLM_TEST_S3_SECRET=ledgerlm-secret
 export LEDGERLM_TEST_S3_BUCKET=ledgerlm-test
+export LEDGERLM_TEST_PROMETHEUS=http://127.0.0.1:19090
 EOF
   mv -f "$ENV_FILE.tmp" "$ENV_FILE"
 }
