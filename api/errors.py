@@ -23,7 +23,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 _REJECTION_STATUS = {"rate": 429, "concurrency": 429, "tokens": 429, "spend": 429,
                      "input_too_large": 413, "output_too_large": 400, "unknown_model": 404,
                      "tenant_disabled": 403, "model_retired": 410, "priority_not_allowed": 403,
-                     "shed": 503, "no_capacity": 503, "shadow_dropped": 503}
+                     "shed": 503, "no_capacity": 503, "kv_capacity": 503, "shadow_dropped": 503}
 
 
 class ClientGone(Exception):

@@ -19,6 +19,7 @@ RejectReason = Literal[
     "rate", "concurrency", "tokens", "spend", "input_too_large", "output_too_large",
     "deadline", "unknown_model", "tenant_disabled", "model_retired", "priority_not_allowed",
     "shed", "no_capacity",  # the live fleet's, not the tenant's: load shed, no worker serves it
+    "kv_capacity",  # the fleet's too: the revision's KV cache is claimed past what it queues in time
     "shadow_dropped",  # a shadow rollout's copy, for which the candidate had no free slot
 ]
 

@@ -154,6 +154,13 @@ class Settings(BaseSettings):
     # capacity falls (`pipelines.capacity.QueueBound`).
     admission_queued_per_slot: float = Field(default=4.0, gt=0)
     admission_queued_floor: int = Field(default=512, ge=0)
+    # How far admission may overcommit each revision's KV cache: it starts requests while the
+    # KV claims of what runs and waits there (prompt plus max output tokens each) stay within
+    # this many times the live workers' KV-cache tokens, and queues or sheds (`kv_capacity`)
+    # past it; each worker starts work within the same multiple of its own engine's cache.
+    # Above 1 runs more at once, as most requests stop well short of their max output, at
+    # the risk of engine preemptions (recomputed prompts, slower tokens) when they do not.
+    kv_overcommit: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     # The least service admission assumes for a revision before it has measured any (ms to
     # the first token, then per further output token): deadlines are judged and the queue
     # drained at this pace until completions say better (`pipelines.capacity.Floors`). The

@@ -12,6 +12,10 @@ settled, so they linger briefly (`SETTLE_LINGER_S`) and go out with the next uni
 decides a request. Positions of records that decide nothing wait likewise
 (`pipelines.idle_positions`). What waits is never lost: its inputs are committed with it.
 
+KV: each admitted request holds a claim of its engine's KV cache (prompt plus max output
+tokens) from its decision until it settles (`pipelines.kv_claims`; the settling itself is
+`pipelines.settlement`), claimed again with the book whenever that is rebuilt.
+
 Time: a request is decided at its own event time (never earlier than the last one
 decided), and the ledger events of the decision carry that time, so a rebuilt processor
 reasons as its predecessor did. Only the expiry sweep and the lost-worker watch read the
@@ -38,15 +42,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Protocol
 
 from models import topics
-from models.events import Envelope, EventDecodeError, caused_by, decode, new_event
+from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import (
     BudgetReserved, GenerationAdmitted, GenerationCancelled, GenerationCompleted, GenerationFailed,
-    GenerationQueued, GenerationRequested, GenerationStarted, ReservationExpired,
-    ReservationReleased, UsageSettled,
+    GenerationQueued, GenerationRequested, GenerationStarted,
 )
 from models.quota import Ask, Reject, decide
 from models.registry import Registry
-from models.reservations import Reservation, ReservationBook
+from models.reservations import ReservationBook
 from models.rollout import SHADOW_TENANT
 from models.topics import Topic
 from pipelines.capacity import CapacityBook, Floors, QueueBound, ServiceEstimate, key_of
@@ -54,11 +57,13 @@ from pipelines.catch_up import CatchUp
 from pipelines.decisions import answer_from_cache, cost_micros, reject
 from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
 from pipelines.idle_positions import IdlePositions
+from pipelines.kv_claims import claim_of
 from pipelines.lost_workers import FleetWatch, note_running
 from pipelines.outage import Readiness, is_transient, keep_running
 from pipelines.placement import DEFAULT_SLACK, FleetPlacement
 from pipelines.routing import Outputs, to_outputs
 from pipelines.service_readback import read_back_rates
+from pipelines.settlement import end_lost, expire_overdue, handle_terminal
 from pipelines.suspension import SuspensionSweep
 
 logger = logging.getLogger(__name__)
@@ -108,7 +113,8 @@ def handle_requested(
         return reject(env, Reject("shadow_dropped", "the candidate has no free slot for a shadow copy"),
                       book=book, now=now)
     if capacity is not None and (refused := capacity.check(req, pool=limits.pool, asked_at=env.occurred_at,
-                                                             now=max(now, queued_at or now))) is not None:
+                                                             now=max(now, queued_at or now),
+                                                             max_model_len=revision.max_model_len)) is not None:
         return reject(env, refused, book=book, now=now)
     reservation_id = "res_" + uuid.uuid4().hex[:16]
     deadline = req.deadline_at or now + UNBOUNDED_DEADLINE
@@ -124,85 +130,6 @@ def handle_requested(
                                              fair_share_weight=limits.fair_share_weight), occurred_at=now)
     book.apply(reserved)
     return [(topics.LEDGER, reserved), (topics.LEDGER, admitted), (work_topic, queued)]
-
-
-def settle(
-    env: Envelope, reservation: Reservation, *, registry: Registry, book: ReservationBook,
-    status: str, input_tokens: int, output_tokens: int, ran_revision: str | None = None,
-    delivered_output_tokens: int | None = None,
-) -> Outputs:
-    """Charges what was used (never more than reserved) and releases the rest, priced at
-    the revision that ran (`ran_revision`, as its worker said; the reserved one otherwise)."""
-    used_tokens = min(reservation.tokens, input_tokens + output_tokens)
-    revision = registry.revisions.get(ran_revision or reservation.model_revision)
-    used_cost = min(reservation.cost_micros, cost_micros(revision, input_tokens, output_tokens))
-    settled = caused_by(env, UsageSettled(
-        request_id=reservation.request_id, reservation_id=reservation.reservation_id,
-        terminal_status=status, input_tokens=input_tokens, output_tokens=output_tokens,
-        cost_micros=used_cost, delivered_output_tokens=delivered_output_tokens))
-    released = caused_by(env, ReservationReleased(
-        request_id=reservation.request_id, reservation_id=reservation.reservation_id,
-        released_tokens=reservation.tokens - used_tokens,
-        released_cost_micros=reservation.cost_micros - used_cost))
-    book.apply(settled)
-    return [(topics.LEDGER, settled), (topics.LEDGER, released)]
-
-
-def terminal_status(payload) -> str:
-    if isinstance(payload, GenerationCompleted):
-        return "completed"
-    if isinstance(payload, GenerationCancelled):
-        return "cancelled"  # by the client, a client gone, an admin or the deadline
-    return "expired" if payload.error_code in ("expired", "deadline_expired") else "failed"
-
-
-def handle_terminal(env: Envelope, *, registry: Registry, book: ReservationBook) -> Outputs:
-    p = env.payload
-    reservation = book.open.get(p.request_id)
-    if reservation is None:
-        return []  # already settled (or expired): a terminal event settles at most once
-    return settle(env, reservation, registry=registry, book=book, status=terminal_status(p),
-                  input_tokens=p.input_tokens, output_tokens=p.output_tokens,
-                  ran_revision=getattr(p, "model_revision", None),
-                  delivered_output_tokens=getattr(p, "delivered_output_tokens", None))
-
-
-def expire_overdue(*, book: ReservationBook, now: datetime, read_to: datetime | None = None) -> Outputs:
-    """Reservations whose request never ended by deadline + grace (a lost worker, say):
-    the request fails as expired, and its reservation is settled at zero and released.
-    Zero, because what a lost worker made never reached the ledger. `read_to`: when the
-    caller last read all of its input; an end written before then has been settled, so a
-    reservation is judged overdue as of then (a processor held up by a failover reads the
-    ends that wait for it before taking them for missing)."""
-    outputs: Outputs = []
-    for reservation in book.expired(now if read_to is None else min(now, read_to)):
-        cause = new_event(ReservationExpired(request_id=reservation.request_id,
-                                             reservation_id=reservation.reservation_id),
-                          tenant_id=reservation.tenant_id, correlation_id=reservation.request_id, occurred_at=now)
-        failed = caused_by(cause, GenerationFailed(request_id=reservation.request_id, error_code="expired",
-                                                   message="no result before the deadline"))
-        book.apply(cause)
-        outputs += [(topics.LEDGER, cause), (topics.OUTCOMES, failed), (topics.STREAM, failed)]
-        outputs += settle(cause, reservation, registry=Registry(), book=book, status="expired",
-                          input_tokens=0, output_tokens=0)
-    return outputs
-
-
-def end_lost(lost: list[tuple[Reservation, str]], *, book: ReservationBook, now: datetime) -> Outputs:
-    """Generations of lost workers (`pipelines.lost_workers`), with why: each fails as
-    `worker_lost` (to the outcomes, and the stream, where a client may wait for its end) and
-    is settled at zero, as an expiry is: what the worker made never reached the ledger."""
-    outputs: Outputs = []
-    for reservation, why in lost:
-        if reservation.request_id not in book.open:
-            continue  # settled since it was found
-        failed = new_event(GenerationFailed(request_id=reservation.request_id, error_code="worker_lost", message=why),
-                           tenant_id=reservation.tenant_id, correlation_id=reservation.request_id, occurred_at=now)
-        logger.warning("%s of tenant %s fails: %s", reservation.request_id, reservation.tenant_id, why)
-        outputs += [(topics.OUTCOMES, failed), (topics.STREAM, failed)]
-        outputs += settle(failed, reservation, registry=Registry(), book=book, status="failed",
-                          input_tokens=0, output_tokens=0)
-    return outputs
 
 
 def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datetime | None]:
@@ -282,9 +209,11 @@ class AdmissionProcessor:
         self.fleet = fleet
         self.capacity = CapacityBook(fleet.view if fleet is not None else None, bound=queue_bound, floors=floors)
         self.estimate: ServiceEstimate = self.capacity.estimate  # the quota's, followed with the rates
+        self.claims = self.capacity.kv_claims  # KV claims of open work (`pipelines.kv_claims`)
         self._pruned_at = 0.0
         self.suspension = SuspensionSweep(registry_view)
-        self.placement = FleetPlacement(fleet.view.live if fleet is not None else None, slack=affinity_slack)
+        self.placement = FleetPlacement(fleet.view.live if fleet is not None else None, slack=affinity_slack,
+                                        claims=self.claims, kv_overcommit=self.capacity.bound.kv_overcommit)
 
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
@@ -297,6 +226,9 @@ class AdmissionProcessor:
         read_back_rates(self._log, self._consumer, owned, self.capacity, key=lambda env: self._key(registry, env))
         if self.fleet is not None:  # which worker runs what: read back from the outcomes topic
             note_running(self._log, self.book, owned)
+        self.claims.rebuild(self.book.open.values(), key=lambda r: key_of(registry.limits_for(r.tenant_id).pool,
+                                                                          r.model_revision),
+                            max_model_len=lambda rev: getattr(registry.revisions.get(rev), "max_model_len", None))
         self.owned = owned
 
     def _now(self, event_time: datetime) -> datetime:
@@ -310,21 +242,37 @@ class AdmissionProcessor:
                                        grace=self._grace, estimate=self.estimate,
                                        queued_at=datetime.now(timezone.utc), capacity=self.capacity)
             outputs = self._offer(outputs) if self._taker is not None else outputs
-            placed: Outputs = []
-            for topic, out in outputs:  # what a taker started does not wait
-                if isinstance(out.payload, GenerationQueued):
-                    self.capacity.queued(p.request_id, self._key(registry, env), p.priority)
-                    out = self.placement.place(topic, out)
-                placed.append((topic, out))
-            return placed
+            return self._claimed(outputs, env, registry)
         if isinstance(p, GenerationStarted):
             self.capacity.started(p.request_id, self._key(registry, env), p.queued_ms)
             self.book.started(p.request_id, p.worker_id)
+            self.claims.started(p.request_id, p.worker_id)
         elif isinstance(p, (GenerationCompleted, GenerationFailed, GenerationCancelled)):
             self.capacity.ended(p.request_id, self._key(registry, env), p)
             self.placement.ended(p.request_id)
+            self.claims.release(p.request_id)  # it settles now, or did already (a lost worker's)
             return handle_terminal(env, registry=registry, book=self.book)
         return []
+
+    def _claimed(self, outputs: Outputs, env: Envelope, registry: Registry) -> Outputs:
+        """Admitted work holds its KV claim: on the owner of the partition placed on, or on
+        the taker that started it (which does not wait)."""
+        req: GenerationRequested = env.payload
+        key = self._key(registry, env)
+        revision = registry.revisions.get(req.model_revision)
+        claim = claim_of(req.input_tokens, req.max_output_tokens, revision.max_model_len if revision else None)
+        placed: Outputs = []
+        for topic, out in outputs:
+            worker, running = None, isinstance(out.payload, GenerationStarted)
+            if isinstance(out.payload, GenerationQueued):
+                self.capacity.queued(req.request_id, key, req.priority)
+                out = self.placement.place(topic, out, claim)
+                worker = self.placement.owner_of(topic.name, out.payload.work_partition)
+            if running or isinstance(out.payload, GenerationQueued):
+                self.claims.hold(req.request_id, key, claim, high=req.priority == "high",
+                                 worker_id=out.payload.worker_id if running else worker, running=running)
+            placed.append((topic, out))
+        return placed
 
     @staticmethod
     def _key(registry: Registry, env: Envelope):
@@ -398,9 +346,11 @@ class AdmissionProcessor:
                 self._pruned_at = time.monotonic()
                 self.capacity.prune(self.book.open)
                 self.placement.prune(self.book.open)
+                self.claims.prune(self.book.open)
             if self.fleet is not None:
                 lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
                 settling += end_lost(lost, book=self.book, now=now)
+            self.claims.release_settled(settling)  # expired, or a lost worker's: settled here, once
             settling += self.suspension.cancels(self.book, monotonic=time.monotonic())
             if settling and not self._settling:
                 self._settling_since = time.monotonic()

@@ -19,8 +19,10 @@ What admission knows of one (pool, revision) when it decides a request (an `Outl
 
 The decisions (`check`, pure): no live worker → `no_capacity`; the queue ahead over its
 bound (`QueueBound`, proportional to the live slots) → `shed`, normal priority first, high
-up to twice as far; an estimated completion after the deadline → `deadline`. High priority
-is served first (workers take it first), so only high work queued ahead delays it.
+up to twice as far; an estimated completion after the deadline → `deadline`; the pool's KV
+claims past what its KV cache admits, beyond the queue's bound or the deadline →
+`kv_capacity` (`pipelines.kv_claims`). High priority is served first (workers take it
+first), so only high work queued ahead delays it.
 A fleet not read yet (or not watched) refuses nothing: unknown is not none.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from models.events_generation import (
 )
 from models.fleet import PoolCapacity, WorkerState
 from models.quota import Reject, min_service_ms
+from pipelines.kv_claims import KvClaims, KvOutlook, PreemptionGuard, claim_of, kv_check
 
 Key = tuple[str, str]  # (pool, revision)
 NO_CAPACITY_RETRY_MS = 2000  # a worker joining (or restarting) is seen within about this long
@@ -129,15 +132,24 @@ class ServiceEstimate:
 class QueueBound:
     """How much work may wait for one (pool, revision): `per_slot` per live slot, never
     less than `floor`; high priority up to `high_factor` times as much, so when capacity
-    falls normal work is shed first (`Settings.admission_queued_per_slot`, `..._floor`)."""
+    falls normal work is shed first (`Settings.admission_queued_per_slot`, `..._floor`).
+    In KV tokens likewise: claims up to `kv_overcommit` times the live workers' KV cache
+    start at once, and `per_slot` times that many more may wait (`pipelines.kv_claims`,
+    `Settings.kv_overcommit`)."""
 
     per_slot: float = 4.0
     floor: int = 512
     high_factor: float = 2.0
+    kv_overcommit: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.kv_overcommit) and self.kv_overcommit > 0):
+            raise ValueError(f"kv_overcommit must be a number above 0, not {self.kv_overcommit!r}")
 
     @classmethod
     def from_settings(cls, settings) -> "QueueBound":
-        return cls(per_slot=settings.admission_queued_per_slot, floor=settings.admission_queued_floor)
+        return cls(per_slot=settings.admission_queued_per_slot, floor=settings.admission_queued_floor,
+                   kv_overcommit=settings.kv_overcommit)
 
     def limit(self, priority: str, slots: int) -> int:
         normal = max(self.floor, math.ceil(self.per_slot * slots))
@@ -153,6 +165,7 @@ class Outlook:
     queued: int = 0  # queued by this processor, not seen started or ended (every priority)
     queued_high: int = 0
     rates: ServiceRates = field(default_factory=ServiceRates)
+    kv: KvOutlook = field(default_factory=KvOutlook)
 
 
 @dataclass(frozen=True)
@@ -193,8 +206,8 @@ def estimate(outlook: Outlook, *, priority: str, max_output_tokens: int, floors:
 
 
 def check(outlook: Outlook, *, priority: str, max_output_tokens: int, deadline_left_ms: int | None,
-          bound: QueueBound = QueueBound(), floors: Floors = Floors()) -> Reject | None:
-    """Why the live fleet cannot take this request now, or None."""
+          bound: QueueBound = QueueBound(), floors: Floors = Floors(), claim: int = 0) -> Reject | None:
+    """Why the live fleet cannot take this request now, or None. `claim`: its KV tokens."""
     cap, (pool, revision) = outlook.capacity, outlook.key
     if cap is None:
         return None
@@ -218,7 +231,10 @@ def check(outlook: Outlook, *, priority: str, max_output_tokens: int, deadline_l
         return Reject("deadline", f"the deadline leaves {max(deadline_left_ms, 0)} ms; with {est.ahead} requests "
                                   f"queued ahead on {cap.workers} live workers ({cap.max_seqs} slots) it would "
                                   f"start in about {est.wait_ms} ms and take {est.serve_ms} ms more", retry)
-    return None
+    per_request = est.serve_ms if outlook.rates.service_ms is None else outlook.rates.service_ms
+    return kv_check(outlook.kv, claim, key=outlook.key, priority=priority, per_request_ms=per_request,
+                    serve_ms=est.serve_ms, deadline_left_ms=deadline_left_ms, queue_factor=bound.per_slot,
+                    high_factor=bound.high_factor)
 
 
 class CapacitySource(Protocol):
@@ -239,13 +255,15 @@ def wall_clock() -> datetime:
 
 class CapacityBook:
     """Admission's side: what it queued and has not seen start or end, the service rates it
-    measured (and the quota's `estimate`), and the fleet's live capacity (`source`; None:
-    nothing is refused for capacity)."""
+    measured (and the quota's `estimate`), the KV claims of its open work (`claims`), and the
+    fleet's live capacity (`source`; None: nothing is refused for capacity)."""
 
     def __init__(self, source: CapacitySource | None, *, bound: QueueBound | None = None,
                  floors: Floors | None = None, hold_s: float = NO_CAPACITY_HOLD_S,
-                 clock: Callable[[], datetime] = wall_clock):
+                 clock: Callable[[], datetime] = wall_clock, claims: KvClaims | None = None):
         self.source = source
+        self.kv_claims = claims if claims is not None else KvClaims()
+        self.pressure = PreemptionGuard(clock)
         self._hold = timedelta(seconds=hold_s)
         self._clock = clock
         self._since = clock()
@@ -339,7 +357,35 @@ class CapacityBook:
             if capacity.workers == 0 and self._served_lately(key):
                 capacity = None  # not known to be none yet
         queued, high = self._counts.get(key, (0, 0))
-        return Outlook(key, capacity, queued, high, self.rates_of(key))
+        return Outlook(key, capacity, queued, high, self.rates_of(key), self._kv_outlook(key, capacity))
+
+    def _kv_outlook(self, key: Key, capacity: PoolCapacity | None) -> KvOutlook:
+        held, running, high = self.kv_claims.sums(key)
+        return KvOutlook(self._kv_admitted(key, capacity), held, running, high)
+
+    def _kv_admitted(self, key: Key, capacity: PoolCapacity | None) -> int:
+        """The claims (pool, revision) admits at once: its live workers' KV tokens, lowered
+        while they preempt, times the overcommit; 0 where they report none."""
+        if capacity is None or capacity.kv_cache_tokens <= 0 or self.source is None:
+            return 0
+        workers = [w for w in self.source.all() if (w.pool, w.model_revision) == key]
+        factor = self.pressure.observe(key, workers)
+        return int(capacity.kv_cache_tokens * factor * self.bound.kv_overcommit)
+
+    def claims(self, key: Key) -> int:
+        """KV tokens claimed by the open work of (pool, revision) this processor admitted."""
+        return self.kv_claims.claims(key)
+
+    def kv_capacity(self, key: Key) -> int:
+        """KV tokens of claims (pool, revision) admits at once now (its live workers' KV
+        cache, lowered while they preempt, times `kv_overcommit`); 0 where none is reported
+        or the fleet is not read. From any thread."""
+        if self.source is None or self.source.complete_at is None:
+            return 0
+        capacity = self.source.capacity().get(key)
+        if capacity is None or capacity.kv_cache_tokens <= 0:
+            return 0
+        return int(capacity.kv_cache_tokens * self.pressure.factor(key) * self.bound.kv_overcommit)
 
     def free_now(self, key: Key, *, asked_at: datetime) -> bool:
         """Whether a slot of (pool, revision) is free for one more request at once: live
@@ -352,9 +398,12 @@ class CapacityBook:
         signs = [w.left_at or w.last_seen for w in self.source.all() if (w.pool, w.model_revision) == key]
         return self._clock() - max(signs + [self._since]) < self._hold
 
-    def check(self, req: GenerationRequested, *, pool: str | None, asked_at: datetime, now: datetime) -> Reject | None:
-        """`asked_at`: when the request was made; `now`: when it is decided (its deadline counts from then)."""
+    def check(self, req: GenerationRequested, *, pool: str | None, asked_at: datetime, now: datetime,
+              max_model_len: int | None = None) -> Reject | None:
+        """`asked_at`: when the request was made; `now`: when it is decided (its deadline counts
+        from then); `max_model_len`: the revision's, which caps its KV claim."""
         outlook = self.outlook(key_of(pool, req.model_revision), asked_at=asked_at)
         left = None if req.deadline_at is None else int((req.deadline_at - now).total_seconds() * 1000)
         return check(outlook, priority=req.priority, max_output_tokens=req.max_output_tokens, deadline_left_ms=left,
-                     bound=self.bound, floors=self.floors)
+                     bound=self.bound, floors=self.floors,
+                     claim=claim_of(req.input_tokens, req.max_output_tokens, max_model_len))

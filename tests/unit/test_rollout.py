@@ -301,7 +301,7 @@ def test_a_shadow_rollout_serves_stable_and_copies_a_share_to_the_candidate_on_t
         def free_now(self, key, *, asked_at):
             return self.free
 
-        def check(self, req, *, pool, asked_at, now):
+        def check(self, req, *, pool, asked_at, now, **_):
             return None
 
     book = ReservationBook()
