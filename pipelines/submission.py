@@ -38,8 +38,12 @@ class SubmissionError(ValueError):
 
 
 class Fleet(Protocol):
+    """The live fleet as the API sees it (`pipelines.fleet.FleetView`). A fleet may also say
+    which workers serve (`serving(pool=..., revision=...)`, their `WorkerState`s), whose KV
+    caches bound the largest request admitted (`largest_kv`)."""
+
     def serves_soon(self, pool: str, revision: str) -> bool:
-        """Whether a live worker of `pool` serves `revision` (`pipelines.fleet.FleetView`)."""
+        """Whether a live worker of `pool` serves `revision`."""
 
 
 logger = logging.getLogger(__name__)
@@ -164,7 +168,7 @@ def submit_generation(
         if chosen != revision.model_revision and registry.pinnable(chosen) is not None:
             revision = registry.pinnable(chosen)
             prompt, input_tokens = _prompt_for(cmd, counter, revision)
-    max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens)
+    max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens, fleet)
     query, entry, hit = None, None, None
     if cache is not None and subject is not None:
         query, entry, hit = _look_up(cache, subject, registry, principal.tenant_id, cmd, revision.model_revision,
@@ -172,7 +176,7 @@ def submit_generation(
     if entry is None and cool_to is not None:  # no hit: down to the smaller revision
         fallback_from, rule, revision = revision.model_revision, "fallback", registry.pinnable(cool_to)
         prompt, input_tokens = _prompt_for(cmd, counter, revision)
-        max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens)
+        max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens, fleet)
         query = None  # its answer is the fallback's, not what the cache was asked for
     if fleet is not None and entry is None:
         pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
@@ -255,18 +259,44 @@ def _look_up(cache, subject: tuple[str, object], registry: Registry, tenant_id: 
                                   output_tokens=entry.output_tokens, finish_reason=entry.finish_reason)
 
 
-def _fits(cmd: SubmitGeneration, registry: Registry, tenant_id: str, revision, input_tokens: int) -> int:
-    """The request's output limit on this revision; raises when its context cannot hold it."""
+def _fits(cmd: SubmitGeneration, registry: Registry, tenant_id: str, revision, input_tokens: int,
+          fleet: Fleet | None = None) -> int:
+    """The request's output limit on this revision; raises when its context, or the KV cache
+    of every live worker of the revision, cannot hold it (`largest_kv`)."""
     if input_tokens >= revision.max_model_len:
         raise SubmissionError(413, "context_length_exceeded", f"{input_tokens} input tokens leave no room for "
                               f"output in this model's context of {revision.max_model_len}", "input")
-    max_output_tokens = cmd.max_output_tokens or _room_for_output(registry, tenant_id, revision, input_tokens)
+    kv = largest_kv(fleet, registry.limits_for(tenant_id).pool or topics.SHARED_POOL, revision.model_revision)
+    if kv is not None and input_tokens >= kv:
+        raise SubmissionError(400, "context_length_exceeded", f"{input_tokens} input tokens leave no room for output "
+                              f"in the KV cache of any live worker of revision {revision.model_revision} (the "
+                              f"largest holds {kv} tokens, prompt and output together)", "input")
+    room = _room_for_output(registry, tenant_id, revision, input_tokens)
+    max_output_tokens = cmd.max_output_tokens or (room if kv is None else min(room, kv - input_tokens))
     if input_tokens + max_output_tokens > revision.max_model_len:
         raise SubmissionError(
             400, "context_length_exceeded",
             f"{input_tokens} input tokens + {max_output_tokens} output tokens exceed this model's "
             f"context of {revision.max_model_len}", "max_tokens")
+    if kv is not None and input_tokens + max_output_tokens > kv:
+        raise SubmissionError(
+            400, "context_length_exceeded",
+            f"{input_tokens} input tokens + {max_output_tokens} output tokens = {input_tokens + max_output_tokens} "
+            f"exceed the KV cache of every live worker of revision {revision.model_revision}: the largest holds "
+            f"{kv} tokens, so the largest request that fits is {kv} tokens (with this prompt, max_tokens "
+            f"{kv - input_tokens} at most)", "max_tokens")
     return max_output_tokens
+
+
+def largest_kv(fleet: Fleet | None, pool: str, revision: str) -> int | None:
+    """The KV-cache tokens of the largest live worker of `pool` serving `revision`: the most a
+    request (prompt plus max output) may claim, as it runs there alone when it must. None
+    where that is not known: no fleet, no worker serving yet, or one that reports no KV."""
+    serving = getattr(fleet, "serving", None)
+    if serving is None:
+        return None
+    sizes = [w.capacity.kv_cache_tokens for w in serving(pool=pool, revision=revision)]
+    return max(sizes) if sizes and min(sizes) > 0 else None
 
 
 def _prompt_for(cmd: SubmitGeneration, counter: TokenCounter, revision) -> tuple[str, int]:

@@ -165,7 +165,7 @@ def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, 
                                take_ahead=settings.worker_take_ahead, cancel_log=cancel_log,
                                stream_linger_s=settings.stream_linger_ms / 1000,
                                revision=serving.model_revision, engine_config_hash=config_hash,
-                               digests=TenantDigests.from_settings(settings))
+                               digests=TenantDigests.from_settings(settings), kv_overcommit=settings.kv_overcommit)
     return StartedWorker(worker, cancel_log, cpus, engine_cpus)
 
 

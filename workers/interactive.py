@@ -3,43 +3,39 @@ and writes what happened to the log.
 
 It reads its pool's work topics ahead into a `FairQueue` (deficit round robin by tokens
 across tenants, high priority first) and starts an item when `Headroom` gives its tenant
-one of the worker's slots. Slots are the engine's capacity (max_num_seqs) plus a small
-take-ahead (`take_ahead`; None: the capacity again) that waits inside the engine, so
-a sequence that ends is replaced at the engine's next step instead of after a round trip
-through the log. A tenant over its fair share gets the take-ahead (and the last engine
-slot) only while no other tenant is active (see `Headroom`), and what waits inside the
-engine is ordered by priority class, then by how many generations its tenant already
-had in flight when it was taken. Taking is committed with the item's `GenerationStarted`
-before any of its tokens is written, and only up to the first item not yet taken (see
-`workers.work_positions`), so a crash leaves untaken work to the next owner and nothing
-is served twice. The engine starts on an item while its take commits; if the commit
-fails, that generation is aborted unwritten. Cancelled work and work whose deadline
-passed in the queue ends there without running; running work is aborted on
-`CancelRequested` and at its deadline. Token and terminal events go out through one
-`StreamWriter`, batched across generations, so a slow log never slows the engine.
+one of the worker's slots: the engine's capacity (max_num_seqs) plus a small take-ahead
+(`take_ahead`; None: the capacity again) waiting inside the engine, so a sequence that
+ends is replaced at the engine's next step, not after a round trip through the log. A
+tenant over its fair share gets the take-ahead (and the last engine slot) only while no
+other tenant is active, and what waits inside the engine is ordered by priority class,
+then by its tenant's generations in flight. Taking is committed with the item's
+`GenerationStarted` before any of its tokens is written, up to the first item not yet
+taken (`workers.work_positions`), so a crash leaves untaken work to the next owner and
+nothing is served twice. The engine starts while the take commits; a failed commit aborts
+the generation unwritten. Queued work cancelled or past its deadline ends there; running
+work is aborted on `CancelRequested` and at its deadline. Token and terminal events go out
+through one `StreamWriter`, batched across generations, so a slow log never slows the engine.
 
 Fair share at the pool level. A revision's work topics are keyed by request
-(`models.topics`), so each worker owns a share of the partitions and, by the hash of the
-request id, receives about that share of every tenant's work: each runs its own deficit
-round robin over a random sample of the pool's queue, and the pool's split between
-tenants approximates the weighted fair share. What holds: no tenant is tied to one worker,
-a flooding tenant uses the whole pool while it is alone, a light tenant's request is
-served within the fair share of whichever worker it lands on, and a failed worker's
-partitions (and its tenants' work) spread over all survivors. What does not: nothing
-coordinates the workers, so fairness is exact only in expectation; a request lands by its
-hash, not on the freest worker (one worker may queue while another idles; nothing is
-stolen); a worker with more partitions or a slower engine skews the split; and a tenant's
-requests start in no set order across workers, nor across the partitions of one.
+(`models.topics`), so each worker owns a share of the partitions and receives about that
+share of every tenant's work: each runs its own deficit round robin over a sample of the
+pool's queue, and the pool's split between tenants approximates the weighted fair share.
+No tenant is tied to one worker, a flooding tenant uses the whole pool while alone, a light
+tenant is served within the fair share of whichever worker it lands on, and a failed
+worker's partitions spread over all survivors. Nothing coordinates the workers, so
+fairness is exact only in expectation; nothing is stolen (one worker may queue while
+another idles); and a tenant's requests start in no set order across workers.
+
+An item also starts only while its KV claim fits beside those of what the worker runs,
+within its engine's KV cache times `kv_overcommit` (`workers.kv_gate`).
 
 A worker can also be the `taker` of an admission processor in its process (`offer`):
-admitted work it can start at once (a free engine slot, the tenant within its share, and
-nothing queued that would come first) is taken in the admission's commit and never queued.
+admitted work it can start at once is taken in the admission's commit and never queued.
 
 It watches its engine (`workers.engine_watch`), and looks before its first take. Once the
 engine is dead it takes nothing more, its running generations fail (`engine_dead`) and
 settle, `run` returns and `close` says on the fleet topic that it left, with the exit code
-its process ends with (`exit_code`): what it read ahead but did not take stays uncommitted
-for the other workers of its revision.
+its process ends with (`exit_code`); what it read ahead but did not take stays uncommitted.
 """
 from __future__ import annotations
 
@@ -69,6 +65,7 @@ from workers.engine_runner import EngineRunner
 from workers.engine_watch import EXIT_ENGINE_DEAD, EngineWatch, WatchedEngine
 from workers.fair_share import FairQueue, Headroom, Item
 from workers.generation import PRIORITY, fetch_prompt, serve_generation
+from workers.kv_gate import KvGate
 from workers.queued_work import QueuedWork, WorkItem, engine_capacity
 from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
@@ -100,7 +97,7 @@ class InteractiveWorker:
                  worker_id: str | None = None, quantum: int = 256, lookahead: int = 2000,
                  cancel_log: EventLog | None = None, stream_linger_s: float = 0.0,
                  revision: str | None = None, engine_config_hash: str | None = None, heartbeat_s: float = 1.0,
-                 health_interval_s: float = 1.0, digests: TenantDigests | None = None):
+                 health_interval_s: float = 1.0, digests: TenantDigests | None = None, kv_overcommit: float = 1.0):
         self._log, self._runner, self._engine = log, runner, engine
         self._digests = digests  # keys output digests per tenant (the settings' digest_key)
         # Generations run on the watched engine: once it is found dead, they end at once.
@@ -127,6 +124,7 @@ class InteractiveWorker:
         self._lookahead = lookahead
         self._quantum = quantum
         self._slots = Headroom(running, take_ahead=take_ahead)
+        self._kv = KvGate.of_engine(engine, running, kv_overcommit, queued=lambda request_id: request_id in self._items)
         self._io = ThreadPoolExecutor(self.capacity + 2, thread_name_prefix=f"{self.worker_id}-io")
         self._writer = StreamWriter(log, self._io, linger_s=stream_linger_s, full_at=running)
         self._slots_lock = threading.Lock()
@@ -246,6 +244,7 @@ class InteractiveWorker:
             with self._slots_lock:
                 for item, _, _ in starting:
                     self._slots.finished(item.tenant_id)
+                    self._kv.finished(item.value.request_id)
             return 0
         offsets = self._positions.commit_offsets()
         # Positions that moved past records needing nothing (its own takes read back, work
@@ -368,7 +367,8 @@ class InteractiveWorker:
         starting = []
         with self._slots_lock:
             def eligible(item: WorkItem) -> bool:
-                return item.value.topic_partition not in blocked and self._slots.may_start(item.tenant_id)
+                return (item.value.topic_partition not in blocked and self._slots.may_start(item.tenant_id)
+                        and self._kv.fits(item.value.request_id, self._kv.claim(item.value.queued.payload.request)))
 
             while (item := self._queue.pop(eligible)) is not None:
                 self._items.pop(item.value.request_id, None)
@@ -393,21 +393,21 @@ class InteractiveWorker:
         # vLLM's order for what waits inside it: class first, then the lighter tenant.
         priority = PRIORITY.get(req.priority, 1) * 1000 + min(999, self._slots.in_flight[queued.tenant_id])
         self._slots.started(queued.tenant_id, queued.payload.fair_share_weight)
+        self._kv.started(req.request_id, self._kv.claim(req))
         return started, priority
 
     def offer(self, queued: Envelope, work_topic: Topic) -> Taking | None:
-        """Admitted work from the admission processor in this process (its `Taker`).
-
-        Starts it now if it is this worker's pool, the engine has a slot free (never one
-        of the take-ahead slots: taken here, it must not wait), the tenant is within its
-        share and no queued work comes first; otherwise None, and it is
-        queued as usual. The engine starts at once; the generation writes nothing until the
-        admission's commit is through (`Taking.resolve`)."""
+        """Admitted work from the admission processor in this process (its `Taker`): started
+        now if it is this worker's pool, the engine has a slot free (never a take-ahead one:
+        taken here, it must not wait) and KV for it, the tenant is within its share and no
+        queued work comes first; otherwise None, and it is queued as usual. The generation
+        writes nothing until the admission's commit is through (`Taking.resolve`)."""
         if work_topic.name not in self._topics or self.engine_dead:
             return None
         req = queued.payload.request
         with self._slots_lock:
-            if not self._slots.may_run_at_once(queued.tenant_id) or self._queued_goes_first(queued.tenant_id):
+            if (not self._slots.may_run_at_once(queued.tenant_id) or self._queued_goes_first(queued.tenant_id)
+                    or not self._kv.fits(req.request_id, self._kv.claim(req), wait=False)):
                 return None
             started, priority = self._start_locked(queued, datetime.now(timezone.utc))
         item = Item(queued.tenant_id, req.priority, req.input_tokens + req.max_output_tokens,
@@ -447,6 +447,7 @@ class InteractiveWorker:
             self._cancels.in_flight.pop(started_env.payload.request_id, None)
             with self._slots_lock:
                 self._slots.finished(item.tenant_id)
+                self._kv.finished(started_env.payload.request_id)
 
     def run(self, stop: threading.Event, readiness: Readiness | None = None) -> None:
         """Serves until `stop` is set or its engine dies (`exit_code` then says so). A log
