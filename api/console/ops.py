@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse
 from api.console.auth import UserDep, action_form
 from api.console.pages import decode_cursor, encode_cursor, page_size
 from api.console.render import page
+from api.console.slo import slo_section
 from api.fleet_report import fleet_report
 from api.routes.usage import projection_db
 from pipelines import cache_admin, rollouts, router_admin
@@ -26,11 +27,11 @@ _verify_lock = threading.Lock()  # one verification at a time per process: it re
 
 
 @router.get("/fleet")
-def fleet(request: Request, user: UserDep):
+def fleet(request: Request, user: UserDep, slo_window: str | None = None):
     user.require_operator()
     view = request.app.state.services.fleet
     report = fleet_report(view.all(), wall_clock(), view.lost_after_s)
-    return page(request, "fleet.html", user=user, report=report)
+    return page(request, "fleet.html", user=user, report=report, slo=slo_section(request, slo_window))
 
 
 def _audit_cursor(text: str | None):
