@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +29,7 @@ from pipelines.admin import RegistryView
 from pipelines.capacity import QueueBound
 from pipelines.bootstrap import Bootstrap, topic_specs
 from pipelines.eventlog import EventLog
+from pipelines.eventlog.kafka_clients import close_all
 from pipelines.tokencount import TokenCounter
 from tests.helpers import wait_until
 from workers.engine_runner import EngineRunner
@@ -129,10 +131,17 @@ class Platform:
         self.open_log, self.runner, self.settings = open_log, runner, settings
         self.logs: list[EventLog] = []
         self.loops: list[Loop] = []
-        self.extra_apis: list = []
+        self._server_thread: threading.Thread | None = None
+        try:
+            self._start(max_in_flight=max_in_flight, take_ahead=take_ahead, worker_admits=worker_admits)
+        except BaseException:
+            self.close()  # what it got to: nothing of a platform that failed to start stays running
+            raise
+
+    def _start(self, *, max_in_flight: int, take_ahead: int | None, worker_admits: bool) -> None:
         self.admin_log = self._log()
         self.view = RegistryView(self.admin_log)
-        engine = runner.engine
+        engine = self.runner.engine
         self.model_revision = f"tiny@{engine.engine_config_hash()}"
         admin.approve_model(self.view, alias=MODEL_ALIAS, model_revision=self.model_revision,
                             model_path=str(engine.config.model), engine_config_hash=engine.engine_config_hash(),
@@ -169,18 +178,29 @@ class Platform:
         names), serving the platform's revision unless told another (`revision`, with the
         `runner` of its engine). `close` replaces the worker's orderly close, e.g. to leave it
         as a crash would (its heartbeats stop too); `engine` wraps the shared one (it must run
-        on the shared engine's loop)."""
+        on the shared engine's loop). The log handles it opens are closed when the loop ends,
+        after `close`: a crash whose group membership must outlive it brings its own `log`."""
         runner = runner or self.runner
         engine = engine or runner.engine
-        worker = InteractiveWorker(log or self._log(), runner, engine, max_in_flight=max_in_flight,
-                                   take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", pool=pool,
-                                   cancel_log=self._log(), stream_linger_s=self.settings.stream_linger_ms / 1000,
-                                   revision=revision or self.model_revision,
-                                   engine_config_hash=runner.engine.engine_config_hash())
+        opened: list[EventLog] = []
+        try:
+            opened.append(self.open_log())  # the cancel watch's
+            if log is None:
+                opened.append(self.open_log())
+            worker = InteractiveWorker(log or opened[-1], runner, engine, max_in_flight=max_in_flight,
+                                       take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}",
+                                       pool=pool, cancel_log=opened[0],
+                                       stream_linger_s=self.settings.stream_linger_ms / 1000,
+                                       revision=revision or self.model_revision,
+                                       engine_config_hash=runner.engine.engine_config_hash())
+        except BaseException:
+            close_all(handle.close for handle in opened)
+            raise
         if pool is None and revision is None:
             self.worker = worker
         ending = worker.close if close is None else (lambda: (worker.silence(), close()))
-        loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05), ending).start()
+        loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05),
+                    lambda: close_all([ending, *(handle.close for handle in opened)])).start()
         loop.worker = worker
         self.loops.append(loop)
         return loop
@@ -189,13 +209,21 @@ class Platform:
         self.app = create_app(api_services(self.settings, self._log()))
         self.server, self._server_thread, self.port = serve_api(self.app, "api", lifespan="on")
 
-    def start_api(self) -> str:
+    @contextmanager
+    def api_replica(self):
         """Another API process over the same platform (its own log handle, stream hub and
-        port, as a second replica would have); returns its base URL."""
-        server, thread, port = serve_api(create_app(api_services(self.settings, self._log())), "api-replica",
-                                         lifespan="on")
-        self.extra_apis.append((server, thread))
-        return f"http://127.0.0.1:{port}"
+        port, as a second replica would have), for the block; yields its base URL."""
+        log = self.open_log()
+        try:
+            server, thread, port = serve_api(create_app(api_services(self.settings, log)), "api-replica",
+                                             lifespan="on")
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                server.should_exit = True
+                thread.join(15)
+        finally:
+            log.close()
 
     @property
     def base_url(self) -> str:
@@ -216,13 +244,10 @@ class Platform:
                 raise AssertionError(f"{loop.name} crashed: {loop.error!r}") from loop.error
 
     def close(self) -> None:
-        self.server.should_exit = True
-        for server, _ in self.extra_apis:
-            server.should_exit = True
-        self._server_thread.join(15)
-        for _, thread in self.extra_apis:
-            thread.join(15)
+        """Stops the API and every loop, then closes every log handle, each even when one fails."""
+        if self._server_thread is not None:
+            self.server.should_exit = True
+            self._server_thread.join(15)
         for loop in self.loops:
             loop.halt()
-        for log in self.logs:
-            log.close()
+        close_all(log.close for log in self.logs)

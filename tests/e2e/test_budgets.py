@@ -51,9 +51,8 @@ def test_concurrent_requests_through_two_apis_never_overrun_the_spend_budget(pla
     budget = FITS * cost
     admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", spend_per_window_micros=budget,
                      window_seconds=3600)
-    second_api = platform.start_api()
-
-    responses = asyncio.run(_send_all([platform.base_url, second_api], secret, REQUESTS))
+    with platform.api_replica() as second_api:
+        responses = asyncio.run(_send_all([platform.base_url, second_api], secret, REQUESTS))
     platform.check()
 
     ok = [r for r in responses if r.status_code == 200]

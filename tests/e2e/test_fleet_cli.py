@@ -53,7 +53,7 @@ def test_fleet_status_shows_live_lost_and_left_workers(kind, tmp_path):
         presences["silent"].silence()
         presences["gone"].close("shutdown", exit_code=0)
         # What the command should find: another reader sees all three as they now stand.
-        with FleetView(opener()) as view:
+        with opener() as reader, FleetView(reader) as view:
             wait_until(lambda: view.refresh() and {w.worker_id for w in view.lost()} == {f"silent-{tag}"}
                        and {w.worker_id for w in view.live()} == {f"live-{tag}"}, 30,
                        what="the view to see one live and one lost worker")
@@ -108,9 +108,9 @@ def test_a_view_reaching_back_shows_workers_silent_or_gone_before_its_window(kin
         silent.silence()
         gone.close("scaled-in", exit_code=0)
         a_minute_on = lambda: wall_clock() + timedelta(seconds=60)  # noqa: E731
-        with FleetView(opener(), clock=a_minute_on) as narrow:
+        with opener() as reader, FleetView(reader, clock=a_minute_on) as narrow:
             assert narrow.refresh().all() == []
-        with FleetView(opener(), clock=a_minute_on, look_back_s=120, max_read_s=15) as wide:
+        with opener() as reader, FleetView(reader, clock=a_minute_on, look_back_s=120, max_read_s=15) as wide:
             report = fleet_report(wide.refresh().all(), a_minute_on(), wide.lost_after_s)
         assert {w.worker_id: w.status for w in report.workers} == {"silent": "lost", "gone": "left"}
         assert all(w.last_heartbeat_age_s >= 60 for w in report.workers)
