@@ -52,7 +52,6 @@ def pool_of(platform, *, workers: int = 3, pause_s: float, max_in_flight: int = 
                         price_output_per_1k_micros=price_output_per_1k_micros)
     runners = [EngineRunner(SlowEngine(pause_s), name=f"{name}-{i}").start() for i in range(workers)]
     doomed_log = SeverableLog(platform.open_log())
-    platform.logs.append(doomed_log._inner)
     loops: list[Loop] = []
 
     def crash() -> None:
@@ -61,17 +60,18 @@ def pool_of(platform, *, workers: int = 3, pause_s: float, max_in_flight: int = 
         loops[0].worker._consumer.close()
         loops[0].worker._cancels.stop()
 
-    loops.append(platform.start_worker(runner=runners[0], revision=revision, max_in_flight=max_in_flight,
-                                       log=doomed_log, close=crash))
-    loops += [platform.start_worker(runner=runner, revision=revision, max_in_flight=max_in_flight)
-              for runner in runners[1:]]
     try:
+        loops.append(platform.start_worker(runner=runners[0], revision=revision, max_in_flight=max_in_flight,
+                                           log=doomed_log, close=crash))
+        loops += [platform.start_worker(runner=runner, revision=revision, max_in_flight=max_in_flight)
+                  for runner in runners[1:]]
         yield Pool(alias, revision, loops)
     finally:
         for loop in loops:
             loop.halt()
         for runner in runners:
             runner.close()
+        doomed_log._inner.close()  # after its loop: a crash leaves it to the end of the pool
 
 
 def warm_up(platform, secret: str, alias: str, revision: str, payload: dict, *, workers: int = 1) -> None:

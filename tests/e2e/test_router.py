@@ -128,11 +128,10 @@ def test_routing_decisions_and_cache_hits_replay_the_same(platform, tmp_path):
             status(client, ids[name])
     live_url = f"sqlite:///{tmp_path / 'live.db'}"
     upgrade(live_url)
-    log = platform.open_log()
-    platform.logs.append(log)
-    project(log, live_url)
     replayed_url = f"sqlite:///{tmp_path / 'replayed.db'}"
-    replay(log, replayed_url, SIGNER, checkpoint_every=EVERY)
+    with platform.open_log() as log:
+        project(log, live_url)
+        replay(log, replayed_url, SIGNER, checkpoint_every=EVERY)
 
     def ours(url: str) -> tuple[dict, str]:
         engine = open_projection_db(url)
