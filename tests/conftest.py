@@ -11,8 +11,10 @@ import pytest
 
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
+from pipelines.eventlog.kafka_clients import close_all
 
-pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup", "tests.integration.conftest_ledger"]
+pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup", "tests.integration.conftest_ledger",
+                  "tests.thread_guard"]
 
 SERVICE_VARS = {
     "kafka": "LEDGERLM_TEST_KAFKA",
@@ -99,6 +101,7 @@ def platforms(engine_runner, tmp_path_factory):
     first use and shared by the tests of a session. With `admit`, admission runs in the
     worker's process (`serve worker --admit`)."""
     from tests.harness import Platform
+    from tests.thread_guard import session_owned
 
     made: dict[tuple[str, bool], object] = {}
 
@@ -108,13 +111,13 @@ def platforms(engine_runner, tmp_path_factory):
             # A loaded host can keep admission from deciding within the deployed 5 s; these
             # platforms test what is decided, so the API waits longer before its 503.
             settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000, decision_timeout_s=20.0)
-            plat = Platform(make_log_opener(kind, home), engine_runner, settings, worker_admits=admit)
+            with session_owned():  # built by the first test that asks, closed with the session
+                plat = Platform(make_log_opener(kind, home), engine_runner, settings, worker_admits=admit)
             plat.kind = kind
             made[kind, admit] = plat
         return made[kind, admit]
     yield get
-    for plat in made.values():
-        plat.close()
+    close_all(plat.close for plat in made.values())
 
 
 @pytest.fixture(scope="session", params=["embedded", "kafka"])
