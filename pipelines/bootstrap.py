@@ -58,7 +58,11 @@ class Bootstrap:
         if settings.event_log_namespace:
             log = NamespacedEventLog(log, settings.event_log_namespace)
         if create_topics:
-            log.ensure_topics(topic_specs())
+            try:
+                log.ensure_topics(topic_specs())
+            except BaseException:
+                log.close()  # the caller never gets it to close
+                raise
         return log
 
     def registry_view(self, log: EventLog) -> RegistryView:

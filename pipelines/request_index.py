@@ -110,7 +110,11 @@ class RequestIndex:
     def _tail(self, topic: str) -> Tail:
         if topic not in self._tails:
             tail = self._log.tail(topic, {p: 0 for p in range(self._log.partitions(topic))})
-            tail.seek_to_time(int((datetime.now(timezone.utc) - self._window).timestamp() * 1000))
+            try:
+                tail.seek_to_time(int((datetime.now(timezone.utc) - self._window).timestamp() * 1000))
+            except BaseException:
+                tail.close()  # the next look opens another: one per failed look would pile up
+                raise
             self._tails[topic] = tail
         return self._tails[topic]
 

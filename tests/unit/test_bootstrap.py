@@ -70,6 +70,22 @@ def test_the_replication_factor_setting_reaches_the_kafka_adapter(tmp_path, monk
     assert opened.get("replication_factor") == factor  # unset: the adapter leaves it to the cluster
 
 
+def test_a_log_whose_topics_cannot_be_made_is_closed_before_the_error_goes_up(tmp_path, monkeypatch):
+    class Refusing:
+        closed = False
+
+        def ensure_topics(self, specs):
+            raise RuntimeError("the cluster refuses new topics")
+
+        def close(self):
+            self.closed = True
+    made = Refusing()
+    monkeypatch.setattr("pipelines.bootstrap.open_event_log", lambda url, **options: made)
+    with pytest.raises(RuntimeError, match="refuses"):
+        Bootstrap(settings(tmp_path, event_log_url="kafka://k1:9092")).event_log()
+    assert made.closed
+
+
 def test_the_projection_database_follows_its_url(tmp_path):
     platform = Bootstrap(settings(tmp_path, database_url="postgresql+psycopg://u:p@127.0.0.1:1/ledger"))
     engine = platform.projection_db()  # made, not connected: nothing listens on port 1

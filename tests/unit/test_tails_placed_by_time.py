@@ -1,9 +1,11 @@
-"""The fleet view's tail: one open at a time, closed when it could not be placed and with the view."""
+"""Readers that place a tail by time (the fleet view, the request index) close one they
+could not place, so a log that keeps failing does not gather tails, one per try."""
 from __future__ import annotations
 
 import pytest
 
 from pipelines.fleet import FleetView
+from pipelines.request_index import RequestIndex
 
 
 class PlacedTail:
@@ -18,6 +20,9 @@ class PlacedTail:
 
     def end_offsets(self):
         return {0: 0}
+
+    def read_to(self, ends, *, timeout_s, max_records):
+        return iter(())
 
     def close(self):
         self.closed = True
@@ -45,4 +50,16 @@ def test_a_tail_that_could_not_be_placed_is_closed_and_the_next_refresh_opens_on
     view.refresh()
     assert [t.closed for t in log.tails] == [True, True, False]
     view.close()
+    assert [t.closed for t in log.tails] == [True, True, True]
+
+
+def test_the_request_index_closes_a_tail_it_could_not_place_and_keeps_the_one_it_did():
+    log = Log(failing=2)
+    index = RequestIndex(log)
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            index.request("t1", "r1")
+    assert index.request("t1", "r1") is None and index.request("t1", "r2") is None
+    assert [t.closed for t in log.tails] == [True, True, False]
+    index.close()
     assert [t.closed for t in log.tails] == [True, True, True]
