@@ -1,5 +1,6 @@
 """What an autoscaler reads of one (pool, revision), from one admission processor: the work
-it queued (depth, and the age of the oldest), KV pressure, and a desired replica count.
+it queued (depth, and the age of the oldest), KV pressure (its KV claims over the KV
+capacity it admits at once), and a desired replica count.
 
 The desired count is the capacity planner's arithmetic (`models.capacity_plan.replica_plan`)
 applied to what admission measured lately:
@@ -18,8 +19,8 @@ G is measured at the load the fleet ran lately, so batching's cost per sequence 
 a replica's throughput at partial load is not, or a fleet serving its demand would always
 ask for more. Until something completed, G and T are unknown and the count holds what
 serves (never below 1 + 1). With several admission processors each sees its partitions'
-share of λ: sum their demand (the recording rule `pool_revision:ledgerlm_desired_replicas:plan`
-in infra/prometheus/recording.yml does).
+share of λ and of the KV claims: sum their demand and pressure (the recording rules of
+infra/prometheus/rules.yml do).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from typing import Callable, Iterable
 from models import topics
 from models.capacity_plan import replica_plan
 from models.fleet import PoolCapacity
-from pipelines.capacity import Key
+from pipelines.capacity import CapacityBook, Key
 
 SPARE_REPLICAS = 1  # kept beyond the demand, so losing one replica leaves the demand served
 SMOOTHING = 0.2
@@ -141,12 +142,13 @@ def _goodput(capacity: PoolCapacity | None, output_tokens: float | None, input_t
     return goodput if goodput > 0 and math.isfinite(goodput) else None
 
 
-def kv_pressure(capacity: PoolCapacity | None) -> float | None:
-    """KV tokens in use over the KV capacity of the workers taking work; None where they
-    report no KV capacity."""
-    if capacity is None or capacity.kv_cache_tokens <= 0:
-        return None
-    return capacity.kv_tokens_used / capacity.kv_cache_tokens
+def kv_pressure(book: CapacityBook, key: Key) -> float | None:
+    """The KV tokens claimed by the open work of (pool, revision) this processor admitted,
+    over the claims admission admits at once there (`CapacityBook.kv_capacity`: the live
+    workers' KV cache, lowered while they preempt, times the overcommit). At 1 admission
+    queues or sheds for KV. None where the workers report no KV capacity."""
+    capacity = book.kv_capacity(key)
+    return book.claims(key) / capacity if capacity > 0 else None
 
 
 Row = tuple[str, str, dict[str, str], float]
@@ -169,9 +171,9 @@ def signal_rows(processor, demand: Demand, *, ceiling: float, now) -> Iterable[R
         yield ("ledgerlm_admission_oldest_queued_age_seconds", "How long the oldest of that work has waited "
                "(0: none waits)", labels, oldest)
         capacity = capacities.get(key)
-        if (pressure := kv_pressure(capacity)) is not None:
-            yield ("ledgerlm_admission_kv_pressure", "KV-cache tokens in use over the KV capacity of the "
-                   "workers taking work", labels, pressure)
+        if (pressure := kv_pressure(book, key)) is not None:
+            yield ("ledgerlm_admission_kv_pressure", "KV tokens this processor's open work claims, over "
+                   "the claims admitted at once (the live workers' KV cache times the overcommit)", labels, pressure)
         output, input_ = demand.sizes(key)
         rate = rates.get(key)
         need = replica_need(capacity, arrivals_per_s=demand.arrivals_per_s(key), output_tokens=output,

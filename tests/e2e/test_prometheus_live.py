@@ -228,7 +228,7 @@ def assert_plausible(prometheus: str, revision: str) -> None:
     assert value(f"sum(ledgerlm_admission_demand_output_tokens_per_second{{{mine}}})") > 0
     assert value(f"max(ledgerlm_replica_goodput_output_tokens_per_second{{{mine}}})") > 0
     assert value(f"pool_revision:ledgerlm_desired_replicas:plan{{{mine}}}") >= 2
-    assert 0 <= value(f"pool_revision:ledgerlm_admission_kv_pressure:max{{{mine}}}") <= 1
+    assert 0 <= value(f"pool_revision:ledgerlm_admission_kv_pressure:sum{{{mine}}}") <= 1
     assert value(f"ledgerlm_fleet_serving_workers{{{mine}}}") == 1
 
 

@@ -17,15 +17,15 @@ from models.events_generation import BudgetReserved, GenerationAdmitted, UsageSe
 from models.fleet import PoolCapacity
 from models.registry import Alias, Registry
 from pipelines.autoscaling_signals import Demand, kv_pressure, pool_of, replica_need
-from pipelines.capacity import CapacityBook, ServiceRates, key_of
+from pipelines.capacity import CapacityBook, QueueBound, ServiceRates, key_of
 from pipelines.metrics import AdmissionMetrics
 
 REV = "tiny@abc"
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
-def pool(workers=2, slots=8, kv=0, kv_used=0) -> PoolCapacity:
-    return PoolCapacity(workers=workers, max_seqs=slots, free_slots=slots, kv_cache_tokens=kv, kv_tokens_used=kv_used)
+def pool(workers=2, slots=8, kv=0) -> PoolCapacity:
+    return PoolCapacity(workers=workers, max_seqs=slots, free_slots=slots, kv_cache_tokens=kv)
 
 
 @pytest.mark.parametrize("pool_name", [None, "interactive", "gold", "team-a-b"])
@@ -67,10 +67,13 @@ def test_without_demand_one_replica_and_its_spare_and_unmeasured_holds_what_serv
                         ceiling=0.7).desired == 2
 
 
-def test_kv_pressure_is_in_use_over_capacity_and_none_without_a_capacity():
-    assert kv_pressure(pool(kv=4000, kv_used=3000)) == 0.75
-    assert kv_pressure(pool(kv=0, kv_used=10)) is None
-    assert kv_pressure(None) is None
+def test_kv_pressure_is_the_claims_over_the_kv_admitted_at_once():
+    key = key_of(None, REV)
+    book = CapacityBook(FakeFleet({key: pool(kv=4000)}), bound=QueueBound(kv_overcommit=1.5))
+    book.kv_claims.hold("r1", key, 3000)
+    assert kv_pressure(book, key) == 3000 / 6000
+    assert kv_pressure(CapacityBook(FakeFleet({key: pool(kv=0)})), key) is None
+    assert kv_pressure(CapacityBook(None), key) is None
 
 
 def test_arrivals_are_counted_over_the_window():
@@ -114,7 +117,8 @@ def admitted(request_id: str, revision: str, pool_name: str | None):
 
 def test_admission_exports_each_signal_per_pool_and_revision():
     key = key_of(None, REV)
-    book = CapacityBook(FakeFleet({key: pool(workers=2, slots=8, kv=1000, kv_used=950)}), clock=lambda: T0)
+    book = CapacityBook(FakeFleet({key: pool(workers=2, slots=8, kv=1000)}), clock=lambda: T0)
+    book.kv_claims.hold("waiting", key, 950)
     book.rates[key] = ServiceRates(service_ms=1000.0)
     book.queued("waiting", key, "normal")
     registry = Registry(aliases={"tiny": Alias("tiny", REV, frozenset("*")),
