@@ -210,13 +210,14 @@ class Platform:
         self.server, self._server_thread, self.port = serve_api(self.app, "api", lifespan="on")
 
     @contextmanager
-    def api_replica(self):
+    def api_replica(self, **settings):
         """Another API process over the same platform (its own log handle, stream hub and
-        port, as a second replica would have), for the block; yields its base URL."""
+        port, as a second replica would have), with `settings` changed, for the block;
+        yields its base URL."""
         log = self.open_log()
         try:
-            server, thread, port = serve_api(create_app(api_services(self.settings, log)), "api-replica",
-                                             lifespan="on")
+            server, thread, port = serve_api(create_app(api_services(self.settings.model_copy(update=settings), log)),
+                                             "api-replica", lifespan="on")
             try:
                 yield f"http://127.0.0.1:{port}"
             finally:

@@ -6,19 +6,11 @@ import contextlib
 
 import httpx
 
-from api.app import create_app
-from tests.harness import api_services, serve_api
-
 
 @contextlib.contextmanager
 def replica(platform, **settings):
-    app = create_app(api_services(platform.settings.model_copy(update=settings), platform._log()))
-    server, thread, port = serve_api(app, "api-ops", lifespan="on")
-    try:
-        yield httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with platform.api_replica(**settings) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
 
 
 def bearer(secret: str) -> dict:

@@ -27,7 +27,8 @@ def test_work_taken_out_of_order_is_neither_lost_nor_run_twice_after_a_crash(kin
         queue_work(log, request_id.split("-")[0], request_id)
 
     holding = EngineRunner(FakeEngine(hold=True)).start()
-    first = InteractiveWorker(open_log(), holding, holding.engine, max_in_flight=2, worker_id=f"first-{run}")
+    first_log = open_log()
+    first = InteractiveWorker(first_log, holding, holding.engine, max_in_flight=2, worker_id=f"first-{run}")
     try:
         # Fair share takes the heavy tenant's first item and then the light tenant's, which is
         # last in the partition: the commit point stays at the heavy tenant's second item.
@@ -37,9 +38,11 @@ def test_work_taken_out_of_order_is_neither_lost_nor_run_twice_after_a_crash(kin
         first._consumer.close()  # dies: no terminal events, no further commits
         first._cancels.stop()
         holding.close()
+        first_log.close()
 
     finishing = EngineRunner(FakeEngine(hold=False)).start()
-    second = InteractiveWorker(open_log(), finishing, finishing.engine, max_in_flight=8, worker_id=f"second-{run}")
+    second_log = open_log()
+    second = InteractiveWorker(second_log, finishing, finishing.engine, max_in_flight=8, worker_id=f"second-{run}")
     try:
         run_until(second, lambda: len(finishing.engine.started) >= 3 and second.in_flight == 0,
                   "the second worker to take the rest")
@@ -50,4 +53,5 @@ def test_work_taken_out_of_order_is_neither_lost_nor_run_twice_after_a_crash(kin
     finally:
         second.close()
         finishing.close()
+        second_log.close()
         log.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -17,6 +17,7 @@ from models.settings import Settings
 from pipelines.audit.signing import HmacSigner
 from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog import EventLog
+from pipelines.eventlog.kafka_clients import close_all
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
 from tests.conftest import drop_postgres_databases, make_log_opener, new_postgres_database
@@ -67,14 +68,27 @@ def open_spec(spec: str) -> EventLog:
         create_topics=False)
 
 
+def closed_after(opener: Callable[[], EventLog]) -> Iterator[Callable[[], EventLog]]:
+    """`opener` for a fixture to yield: every handle it opens is closed when the test ends
+    (closing one the test closed already does nothing)."""
+    handles: list[EventLog] = []
+
+    def open_handle() -> EventLog:
+        handles.append(opener())
+        return handles[-1]
+    open_handle.spec, open_handle.settings = opener.spec, opener.settings
+    yield open_handle
+    close_all(handle.close for handle in handles)
+
+
 @pytest.fixture(params=["embedded", "kafka"])
-def ledger_log(request, tmp_path) -> Callable[[], EventLog]:
-    return log_opener(request.param, tmp_path)
+def ledger_log(request, tmp_path) -> Iterator[Callable[[], EventLog]]:
+    yield from closed_after(log_opener(request.param, tmp_path))
 
 
 @pytest.fixture
-def embedded_ledger_log(tmp_path) -> Callable[[], EventLog]:
-    return log_opener("embedded", tmp_path)
+def embedded_ledger_log(tmp_path) -> Iterator[Callable[[], EventLog]]:
+    yield from closed_after(log_opener("embedded", tmp_path))
 
 
 def runner_for(log: EventLog, url: str, *, batch_events: int = 500, projections=None) -> ProjectionRunner:

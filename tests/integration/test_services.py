@@ -57,11 +57,13 @@ def test_kafka_single_node_commits_transactions(kafka_bootstrap):
     try:
         producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=topic,
                                  max_block_ms=30_000)
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.send(topic, key=b"tenant-a", value=b"committed")
-        producer.commit_transaction()
-        producer.close()
+        try:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send(topic, key=b"tenant-a", value=b"committed")
+            producer.commit_transaction()
+        finally:
+            producer.close()
 
         consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=topic,
                                  auto_offset_reset="earliest", isolation_level="read_committed",
