@@ -187,7 +187,7 @@ def serve_worker(settings: Settings, pool: str | None = None, *, revision: str |
     try:
         started = start_worker(platform, settings, log, runner, serving, pool)
         worker = started.worker
-        admission_metrics = AdmissionMetrics() if settings.worker_admits else None
+        admission_metrics = AdmissionMetrics.from_settings(settings) if settings.worker_admits else None
         readiness = Readiness("worker")
         admission_ready = Readiness("admission") if settings.worker_admits else None
         server = serve_metrics(settings, worker_metrics(worker),
