@@ -13,6 +13,7 @@ from pipelines.eventlog import EventLog, GroupConsumer, Message, Record, TopicSp
 from pipelines.eventlog.embedded import EmbeddedEventLog
 from pipelines.eventlog.embedded_store import insert_records
 from pipelines.eventlog.kafka import KafkaEventLog
+from pipelines.eventlog.kafka_clients import close_all
 
 GROUP_WAIT_S = 90.0
 
@@ -41,8 +42,7 @@ class EventLogContract:
         self.fresh, self.wait_for = fresh, wait_for
         self._opened: list[EventLog] = []
         yield
-        for log in reversed(self._opened):
-            log.close()
+        close_all(log.close for log in reversed(self._opened))
 
     def opened(self) -> EventLog:
         """A new log object on the same backing store, closed after the test (like another process)."""

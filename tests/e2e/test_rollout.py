@@ -171,48 +171,50 @@ def test_a_shadow_rollout_answers_from_stable_and_bills_the_copies_to_the_platfo
 
     log = platform.open_log()
     view = RegistryView(log)
-    _, operator = platform.tenant(scopes=("admin",))
-    tenant_id, secret = platform.tenant()
-    with pool_of(platform, workers=1, pause_s=0.002, name="stable") as stable, \
-            pool_of(platform, workers=1, pause_s=0.002, max_in_flight=8, name="shadow") as shadow, \
-            platform.client(operator) as ops, platform.client(secret) as client:
-        started = ops.post("/v1/admin/rollouts", json={"alias": stable.alias, "candidate_revision": shadow.revision,
-                                                       "mode": "shadow", "steps": [100]})
-        assert started.status_code == 201, started.text
-        answers = []
-        for i in range(12):  # one at a time: the candidate has free slots for every copy
-            r = client.post("/v1/generations", json={"model_alias": stable.alias, "input": "hi",
-                                                     "max_output_tokens": 3, "ignore_eos": True, "stream": False,
-                                                     "user": f"s-{i}"})
-            assert r.status_code == 200 and r.json()["type"] == "completed", r.text
-            answers.append(r.json())
-        assert {a["model_revision"] for a in answers} == {stable.revision}, "clients only ever see stable"
-        ids = {a["id"] for a in answers}
-        copies = {f"{rid}.shadow" for rid in ids}
-        ends = wait_until(lambda: (o := outcomes_by_request(platform, copies)) and all(
-            any(e.event_type == "GenerationCompleted" for e in es) for es in o.values()) and o, 60,
-            what="the shadow copies to end")
-        assert {e.payload.model_revision for es in ends.values() for e in es
-                if e.event_type == "GenerationCompleted"} == {shadow.revision}
-        kinds = wait_until(lambda: (k := ledger_kinds(platform, tenant_id)) and all(
-            "UsageSettled" in k.get(rid, []) for rid in ids) and k, 60, what="the tenant's requests settled")
-        assert set(kinds) == ids, "the tenant's ledger holds its own requests only"
-        platform_account = wait_until(lambda: (k := ledger_kinds(platform, SHADOW_TENANT)) and all(
-            "UsageSettled" in k.get(c, []) for c in copies) and k, 60, what="the copies settled")
-        assert copies <= set(platform_account)
+    try:
+        _, operator = platform.tenant(scopes=("admin",))
+        tenant_id, secret = platform.tenant()
+        with pool_of(platform, workers=1, pause_s=0.002, name="stable") as stable, \
+                pool_of(platform, workers=1, pause_s=0.002, max_in_flight=8, name="shadow") as shadow, \
+                platform.client(operator) as ops, platform.client(secret) as client:
+            started = ops.post("/v1/admin/rollouts", json={"alias": stable.alias, "candidate_revision": shadow.revision,
+                                                           "mode": "shadow", "steps": [100]})
+            assert started.status_code == 201, started.text
+            answers = []
+            for i in range(12):  # one at a time: the candidate has free slots for every copy
+                r = client.post("/v1/generations", json={"model_alias": stable.alias, "input": "hi",
+                                                         "max_output_tokens": 3, "ignore_eos": True, "stream": False,
+                                                         "user": f"s-{i}"})
+                assert r.status_code == 200 and r.json()["type"] == "completed", r.text
+                answers.append(r.json())
+            assert {a["model_revision"] for a in answers} == {stable.revision}, "clients only ever see stable"
+            ids = {a["id"] for a in answers}
+            copies = {f"{rid}.shadow" for rid in ids}
+            ends = wait_until(lambda: (o := outcomes_by_request(platform, copies)) and all(
+                any(e.event_type == "GenerationCompleted" for e in es) for es in o.values()) and o, 60,
+                what="the shadow copies to end")
+            assert {e.payload.model_revision for es in ends.values() for e in es
+                    if e.event_type == "GenerationCompleted"} == {shadow.revision}
+            kinds = wait_until(lambda: (k := ledger_kinds(platform, tenant_id)) and all(
+                "UsageSettled" in k.get(rid, []) for rid in ids) and k, 60, what="the tenant's requests settled")
+            assert set(kinds) == ids, "the tenant's ledger holds its own requests only"
+            platform_account = wait_until(lambda: (k := ledger_kinds(platform, SHADOW_TENANT)) and all(
+                "UsageSettled" in k.get(c, []) for c in copies) and k, 60, what="the copies settled")
+            assert copies <= set(platform_account)
 
-        # The guardrails compare each pair: the same engine, so the same text.
-        controller = RolloutController(log, view, every_s=0.2, embedder=Embedder(model_dir(platform.settings.home)))
-        try:
-            compared = wait_until(lambda: (controller.run_once(0.05), len(controller.compared) >= len(ids))[1]
-                                  and controller.compared, 60, what="every shadow pair compared")
-        finally:
-            controller.close()
-        assert {c.shadow_request_id for c in compared} == copies and {c.similarity for c in compared} == {1.0}
-        assert all(c.stable_output_tokens == c.candidate_output_tokens == 3 for c in compared)
-        on_log = {env.correlation_id for env in of_tenant(platform, topics.OUTCOMES.name, SHADOW_TENANT)
-                  if env.event_type == "ShadowCompared"}
-        assert on_log == copies
-        assert ops.post(f"/v1/admin/rollouts/{stable.alias}/rollback").status_code == 200
-    view.close()
-    log.close()
+            # The guardrails compare each pair: the same engine, so the same text.
+            controller = RolloutController(log, view, every_s=0.2, embedder=Embedder(model_dir(platform.settings.home)))
+            try:
+                compared = wait_until(lambda: (controller.run_once(0.05), len(controller.compared) >= len(ids))[1]
+                                      and controller.compared, 60, what="every shadow pair compared")
+            finally:
+                controller.close()
+            assert {c.shadow_request_id for c in compared} == copies and {c.similarity for c in compared} == {1.0}
+            assert all(c.stable_output_tokens == c.candidate_output_tokens == 3 for c in compared)
+            on_log = {env.correlation_id for env in of_tenant(platform, topics.OUTCOMES.name, SHADOW_TENANT)
+                      if env.event_type == "ShadowCompared"}
+            assert on_log == copies
+            assert ops.post(f"/v1/admin/rollouts/{stable.alias}/rollback").status_code == 200
+    finally:
+        view.close()
+        log.close()
