@@ -91,7 +91,7 @@ def _key_reused() -> ApiError:
 
 # Refusals for capacity, which the overload ladder may answer with a smaller revision. Never
 # a budget, limit, authentication or context-length error: a fallback would not fix those.
-FALLBACK_CODES = frozenset({"shed", "no_capacity"})
+FALLBACK_CODES = frozenset({"shed", "no_capacity", "kv_capacity"})
 
 
 async def start_generation(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request,

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.errors import rejection_error
+from api.live import FALLBACK_CODES
 from models import topics
 from models.events import new_event
 from models.events_fleet import Capacity
@@ -102,10 +103,11 @@ def test_normal_priority_is_shed_before_high():
     assert decide(KvOutlook(capacity=1000, held=2800, running=1000), 300, priority="high").reason == "kv_capacity"
 
 
-def test_kv_capacity_is_a_503_with_retry_after():
+def test_kv_capacity_is_a_503_with_retry_after_that_a_router_may_fall_back_from():
     error = rejection_error(GenerationRejected(request_id="r", reason="kv_capacity", message="m",
                                                retry_after_ms=2500))
     assert (error.status, error.code, error.headers) == (503, "kv_capacity", {"Retry-After": "3"})
+    assert "kv_capacity" in FALLBACK_CODES, "a refusal for capacity: the overload ladder tries a smaller revision"
 
 
 def worker(worker_id: str, kv_tokens: int, preemptions: int = 0, partitions=None) -> WorkerState:
