@@ -1,5 +1,6 @@
 """Shared fixtures: real services from the environment (never skipped when missing),
-the one vLLM engine of the session, and a whole platform per event-log adapter."""
+the one vLLM engine of the session, and a whole platform per event-log adapter. Each test
+is marked with its lane and the services it needs, derived from its fixtures (`tests.lanes`)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import pytest
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog.kafka_clients import close_all
+from tests import lanes
 
 pytest_plugins = ["tests.engine_fixture", "tests.kafka_cleanup", "tests.integration.conftest_ledger",
                   "tests.thread_guard"]
@@ -21,12 +23,52 @@ SERVICE_VARS = {
     "postgres": "LEDGERLM_TEST_POSTGRES",
     "redis": "LEDGERLM_TEST_REDIS",
     "s3": "LEDGERLM_TEST_S3",
+    "prometheus": "LEDGERLM_TEST_PROMETHEUS",
 }
+_running: list[pytest.Item] = []  # the test being set up or run, for `service_url` to check
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks each test with its lane and services (`tests.lanes`), and refuses a suite in
+    which a lane's target would not start a service one of its tests needs."""
+    problems = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        marks = lanes.service_marks(item.fixturenames, callspec.params if callspec else {})
+        lane = lanes.lane_of(item.nodeid.split("::")[0], item.fixturenames)
+        for name in sorted(marks) + [lane]:
+            item.add_marker(name)
+        if missing := lanes.unstarted(lane, marks):
+            problems.append(f"{item.nodeid} needs {', '.join(sorted(missing))}, which lane {lane} does not start")
+    if problems:
+        raise pytest.UsageError("tests/lanes.py: " + "; ".join(problems[:10]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
 
 
 def service_url(name: str) -> str:
     """The URL of a real service started by `infra/services.sh up`. A missing one fails
-    the test loudly: these tests exist to run against the real thing."""
+    the test loudly: these tests exist to run against the real thing. So does a test that
+    reaches a service its markers do not name, since its lane would not start it."""
+    if _running and _running[-1].get_closest_marker(name) is None:
+        pytest.fail(f"{_running[-1].nodeid} uses {name} but is not marked {name}: request a fixture "
+                    f"that says so (tests/lanes.py FIXTURE_MARKS)", pytrace=False)
     var = SERVICE_VARS[name]
     value = os.environ.get(var)
     if not value:
@@ -75,6 +117,17 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def s3_endpoint() -> str:
     return service_url("s3")
+
+
+@pytest.fixture(scope="session")
+def prometheus_url() -> str:
+    return service_url("prometheus")
+
+
+@pytest.fixture
+def own_vllm() -> None:
+    """Asked for by a test that starts real vLLM engines of its own (in this process or a
+    child) rather than using the session's, so it is marked `vllm` as those are."""
 
 
 def isolated_log_settings(kind: str, home: Path, *, prefix: str = "t") -> Settings:

@@ -14,7 +14,6 @@ from pipelines.eventlog import EventLogError, Message, TopicSpec
 from pipelines.eventlog import kafka_groups
 from pipelines.eventlog.kafka import KafkaEventLog
 
-pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture

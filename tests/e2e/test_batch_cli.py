@@ -15,12 +15,11 @@ import pytest
 from tests.harness import free_port
 from tests.helpers import Launched, wait_until
 
-pytestmark = [pytest.mark.vllm]
 CLI = [sys.executable, "-m", "api.cli"]
 
 
 @pytest.fixture
-def embedded_platform(tmp_path, tiny_model_dir):
+def embedded_platform(tmp_path, tiny_model_dir, own_vllm):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LEDGERLM_HOME": str(tmp_path / "home"),
            "LEDGERLM_MODEL": str(tiny_model_dir), "LEDGERLM_API_PORT": str(port), "LEDGERLM_KV_CACHE_GB": "0.125",

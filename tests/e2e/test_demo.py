@@ -20,7 +20,7 @@ from tests.helpers import ROOT, Launched, wait_until
 PREPARED = ROOT / ".local" / "ledgerlm" / "models" / "smollm2-135m-instruct"
 COMMON_WORDS = {"the", "of", "is", "a", "and", "in", "it", "capital", "france", "city", "tower"}
 DEMO_S = 480  # 1.5-4 minutes here; the bound leaves room for a badly loaded host
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(DEMO_S + 120)]
+pytestmark = pytest.mark.timeout(DEMO_S + 120)
 
 
 def _section(output: str, header: str) -> str:
@@ -30,7 +30,7 @@ def _section(output: str, header: str) -> str:
     return match.group(1)
 
 
-def test_the_demo_streams_real_text_from_two_revisions_served_side_by_side(tmp_path):
+def test_the_demo_streams_real_text_from_two_revisions_served_side_by_side(tmp_path, own_vllm):
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)
     if PREPARED.is_dir():  # prepared once by the install script; the demo would prepare it again (~30 s)

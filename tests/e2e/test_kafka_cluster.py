@@ -118,7 +118,6 @@ def _others(cluster: KafkaCluster, node: int) -> list[str]:
     return [s for n, s in zip(cluster.nodes, cluster.servers) if n != node]
 
 
-@pytest.mark.kafka
 @pytest.mark.timing
 @pytest.mark.timeout(480)  # 2-3 min here; two slow failovers must fail on their own deadlines, not this one
 def test_the_platform_loses_nothing_when_one_node_of_three_is_killed_or_cut_off(tiny_model_dir, tmp_path,

@@ -128,7 +128,6 @@ def _usage_rows(db_path) -> Counter:
         return Counter(row[0] for row in db.execute("SELECT source_id FROM usage_ledger WHERE source = 'generation'"))
 
 
-@pytest.mark.kafka
 @pytest.mark.timing
 def test_the_platform_rides_out_a_frozen_then_a_restarted_broker(tiny_model_dir, tmp_path, monkeypatch):
     broker = DedicatedBroker(tmp_path / "kafka")

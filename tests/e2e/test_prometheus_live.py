@@ -159,7 +159,6 @@ def drive(base_url: str, secret: str, requests: int) -> None:
     assert all(r.json()["type"] == "completed" for r in replies)
 
 
-@pytest.mark.kafka
 def test_every_documented_query_and_rule_returns_data(tiny_model_dir, tmp_path, kafka_url):
     binary = prometheus_binary()
     home = tmp_path / "home"

@@ -50,7 +50,7 @@ def assert_placed_off_the_engine(printed: str | None, engine_printed: str | None
 
 @pytest.mark.parametrize("log_kind, pinned", [("embedded", False), ("kafka", True)])
 def test_a_worker_that_admits_serves_without_an_admission_process(log_kind, pinned, tiny_model_dir, tmp_path,
-                                                                   kafka_url):
+                                                                   kafka_url, own_vllm):
     with deployed(log_kind, tiny_model_dir, tmp_path / "deployed", max_seqs=4, take_ahead=4, stream_linger_ms=0,
                   worker_admits=True, environment={"LEDGERLM_ENGINE_PINNED": str(int(pinned))}) as platform:
         ready = [json.loads(line) for line in (tmp_path / "deployed" / "worker.log").read_text().splitlines()

@@ -198,7 +198,7 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
-def test_a_sigkilled_worker_s_engine_processes_end_with_it(tiny_model_dir, tmp_path):
+def test_a_sigkilled_worker_s_engine_processes_end_with_it(tiny_model_dir, tmp_path, own_vllm):
     """No handler runs on a SIGKILL, so `close()` never stops the engine: vLLM's EngineCore,
     its Worker and the resource tracker (about 1 GB each) would live on, orphaned. The worker
     alone, on the embedded log: nothing else is needed to start it and kill it."""

@@ -11,7 +11,6 @@ import pytest
 from tests.harness import MODEL_ALIAS
 
 pytest_plugins = ["tests.integration.batch_fixtures"]
-pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.vllm]
 
 
 def request_line(custom_id: str, prompt: str = "The ledger says", *, max_tokens: int = 8,

@@ -6,7 +6,6 @@ import os
 import signal
 from collections import Counter
 
-import pytest
 
 from models.events_batch import (
     BatchCancelRequested, BatchChunkCompleted, BatchChunkQueued, BatchChunkSkipped, BatchChunkStarted,
@@ -17,7 +16,6 @@ from tests.helpers import wait_until
 from tests.integration.test_batch_api import jsonl, lines_of, request_line, upload
 
 pytest_plugins = ["tests.integration.batch_fixtures"]
-pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.vllm]
 CHUNK = 4  # the test platform's chunk size
 
 

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from models import batch_keys as keys
 from models.events_batch import BatchChunkCompleted
@@ -17,7 +16,6 @@ from tests.harness import MODEL_ALIAS
 from workers.tiny_corpus import CORPUS
 
 pytest_plugins = ["tests.integration.batch_fixtures"]
-pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.vllm]
 CONTEXT = 512
 SCHEMA = pa.schema([("id", pa.string()), ("summary", pa.string()), ("input_tokens", pa.int64()),
                     ("output_tokens", pa.int64()), ("finish_reason", pa.string()), ("model_revision", pa.string()),

@@ -23,12 +23,11 @@ from workers.engine_runner import EngineRunner
 from workers.engine_watch import EXIT_ENGINE_DEAD, EngineWatch, WatchedEngine
 from workers.vllm_engine import VllmEngine
 
-pytestmark = pytest.mark.vllm
 
 SEEN_WITHIN_S = 5.0
 
 
-def test_a_killed_engine_core_is_found_dead_within_seconds_and_its_stream_ends(tiny_model_dir):
+def test_a_killed_engine_core_is_found_dead_within_seconds_and_its_stream_ends(tiny_model_dir, own_vllm):
     before = {p.pid for p in engine_processes()}  # the session engine's, if started
     engine = VllmEngine(tiny_engine_config(tiny_model_dir))
     with EngineRunner(engine, name="doomed-engine") as runner:
@@ -62,7 +61,7 @@ def test_a_killed_engine_core_is_found_dead_within_seconds_and_its_stream_ends(t
     assert not [p for p in engine_processes() if p.pid not in before], "vLLM processes outlived the engine"
 
 
-def test_a_worker_whose_engine_core_is_killed_fails_its_running_work_and_its_queue_moves(tiny_model_dir, tmp_path):
+def test_a_worker_whose_engine_core_is_killed_fails_its_running_work_and_its_queue_moves(tiny_model_dir, tmp_path, own_vllm):
     """The issue's case on a real engine: the EngineCore process inside a live worker is
     killed beside a healthy (fake-engine) worker of the same revision."""
     fleet = Fleet(make_log_opener("embedded", tmp_path))

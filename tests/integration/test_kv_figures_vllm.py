@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 
 from models.capacity_inputs import model_shape_from_config
 from models.capacity_plan import GB, kv_plan
@@ -27,7 +26,6 @@ from workers.vllm_engine import GiB, VllmEngine
 from workers.worker_presence import engine_capacity_of, worker_presence
 
 pytest_plugins = ["tests.small_model_fixture"]
-pytestmark = pytest.mark.vllm
 
 DELTA_TIMEOUT_S = 60.0
 # Longer than two KV blocks (128 tokens each on CPU) of the tiny model's tokenizer.

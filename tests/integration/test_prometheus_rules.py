@@ -5,7 +5,6 @@ and the local Prometheus of `infra/services.sh` serves with every one of them lo
 Missing promtool or Prometheus fails the test: these exist to run against the real thing."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,11 +68,8 @@ def test_the_compose_scrape_configuration_loads_the_rules(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_the_local_prometheus_serves_with_the_rules_loaded():
-    url = os.environ.get("LEDGERLM_TEST_PROMETHEUS")
-    if not url:
-        pytest.fail("LEDGERLM_TEST_PROMETHEUS is not set: run `infra/services.sh up` and source .local/services.env",
-                    pytrace=False)
+def test_the_local_prometheus_serves_with_the_rules_loaded(prometheus_url):
+    url = prometheus_url
     assert httpx.get(f"{url}/-/ready", timeout=10).status_code == 200
     groups = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
     loaded = {rule["name"] for group in groups if group["file"] == str(RULES) for rule in group["rules"]}

@@ -9,7 +9,6 @@ Parquet parts and the output file exactly once.
 """
 from __future__ import annotations
 
-import pytest
 
 from models.events_batch import BatchChunkCompleted
 from tests.dedicated_services import DedicatedRedis
@@ -18,12 +17,11 @@ from tests.integration.batch_fixtures import s3_settings
 from tests.integration.outage_batch import CHUNK, assert_every_row_once, gated_batch_platform, submit
 from tests.integration.test_batch_lifecycle import of_batch
 
-pytestmark = [pytest.mark.redis, pytest.mark.s3]
 LOST = "Connection to broker lost"  # what the Celery worker says when Redis goes
 REQUEUE_AFTER_S = 3.0
 
 
-def test_a_batch_rides_out_a_redis_restart_without_missing_or_doubled_rows(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_batch_rides_out_a_redis_restart_without_missing_or_doubled_rows(tmp_path, tiny_model_dir, monkeypatch, s3_endpoint):
     gate = tmp_path / "gate"
     gate.mkdir()
     monkeypatch.setenv("LEDGERLM_TEST_BATCH_GATE", str(gate))

@@ -12,7 +12,6 @@ import time
 import uuid
 
 import httpx
-import pytest
 
 from models.events_batch import BatchChunkFailed, BatchChunkStarted
 from tests.dedicated_services import DedicatedMinio
@@ -22,7 +21,6 @@ from tests.integration.outage_batch import CHUNK, assert_every_row_once, gated_b
 from tests.integration.test_batch_lifecycle import of_batch
 from workers.batch import BACKOFF_S, MAX_RETRIES
 
-pytestmark = [pytest.mark.redis, pytest.mark.s3]
 # Longer than every Celery retry of a chunk put together: riding it out is not luck.
 OUTAGE_S = sum(BACKOFF_S * 2 ** n for n in range(MAX_RETRIES)) + 2
 NOT_READY = "batch-worker: not ready"  # `Readiness.down`, said once per outage

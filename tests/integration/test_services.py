@@ -26,14 +26,13 @@ def _tcp_reachable(host: str, port: int) -> None:
 
 
 @pytest.fixture
-def kafka_bootstrap() -> str:
-    url = urlparse(_env("LEDGERLM_TEST_KAFKA"))
+def kafka_bootstrap(kafka_url) -> str:
+    url = urlparse(kafka_url)
     assert url.scheme == "kafka", url
     _tcp_reachable(url.hostname, url.port)
     return f"{url.hostname}:{url.port}"
 
 
-@pytest.mark.kafka
 def test_kafka_answers_metadata(kafka_bootstrap):
     from kafka import KafkaAdminClient
 
@@ -44,7 +43,6 @@ def test_kafka_answers_metadata(kafka_bootstrap):
         admin.close()
 
 
-@pytest.mark.kafka
 def test_kafka_single_node_commits_transactions(kafka_bootstrap):
     """Transactions need the single-node replication settings; without them
     init_transactions blocks until its timeout."""
@@ -78,12 +76,10 @@ def test_kafka_single_node_commits_transactions(kafka_bootstrap):
         admin.close()
 
 
-@pytest.mark.postgres
-def test_postgres_runs_queries_and_creates_databases():
+def test_postgres_runs_queries_and_creates_databases(postgres_url):
     from sqlalchemy import create_engine, text
 
-    url = _env("LEDGERLM_TEST_POSTGRES")
-    engine = create_engine(url, connect_args={"connect_timeout": 5},
+    engine = create_engine(postgres_url, connect_args={"connect_timeout": 5},
                            isolation_level="AUTOCOMMIT")
     name = f"svc_check_{uuid.uuid4().hex[:12]}"
     try:
@@ -95,24 +91,22 @@ def test_postgres_runs_queries_and_creates_databases():
         engine.dispose()
 
 
-@pytest.mark.redis
-def test_redis_answers_ping():
-    url = urlparse(_env("LEDGERLM_TEST_REDIS"))
+def test_redis_answers_ping(redis_url):
+    url = urlparse(redis_url)
     assert url.scheme == "redis", url
     with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
         sock.sendall(b"PING\r\n")
         assert sock.recv(64).startswith(b"+PONG")
 
 
-@pytest.mark.s3
-def test_s3_bucket_round_trips_an_object():
+def test_s3_bucket_round_trips_an_object(s3_endpoint):
     import s3fs
 
     bucket = os.environ.get("LEDGERLM_TEST_S3_BUCKET", "ledgerlm-test")
     fs = s3fs.S3FileSystem(
         key=_env("LEDGERLM_TEST_S3_KEY"),
         secret=_env("LEDGERLM_TEST_S3_SECRET"),
-        client_kwargs={"endpoint_url": _env("LEDGERLM_TEST_S3"), "region_name": "us-east-1"},
+        client_kwargs={"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
         config_kwargs={"connect_timeout": 5, "read_timeout": 10,
                        "retries": {"max_attempts": 2}},
         skip_instance_cache=True,

@@ -8,7 +8,6 @@ import json
 import time
 import uuid
 
-import pytest
 
 from models.settings import Settings
 from pipelines.tokencount import TokenCounter
@@ -18,7 +17,6 @@ from workers.engine_runner import EngineRunner
 from workers.vllm_engine import VllmEngine
 
 pytest_plugins = ["tests.small_model_fixture"]
-pytestmark = pytest.mark.vllm
 
 # Names a model writes only if it read the paragraph.
 NEWS = ("Maria Lopez, the mayor of Portland, opened a new public library on Monday. "

@@ -16,7 +16,6 @@ from pipelines import admin
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
 pytest_plugins = ["tests.integration.batch_fixtures", "tests.small_model_fixture"]
-pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.vllm]
 
 ALIAS = "smollm2"
 MAX_MODEL_LEN = 512

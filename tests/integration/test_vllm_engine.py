@@ -15,7 +15,6 @@ from workers.engine import EngineDelta, EngineError, EngineRequest, InvalidEngin
 from workers.engine_runner import EngineRunner
 from workers.vllm_engine import VllmEngine
 
-pytestmark = pytest.mark.vllm
 
 DELTA_TIMEOUT_S = 60.0
 LONG_TEXT = (
@@ -195,7 +194,7 @@ def test_health_and_revision(engine_runner, vllm_engine):
     assert len(vllm_engine.engine_config_hash()) == 12
 
 
-def test_a_crashed_engine_reports_unhealthy_and_close_reaps_everything(tiny_model_dir):
+def test_a_crashed_engine_reports_unhealthy_and_close_reaps_everything(tiny_model_dir, own_vllm):
     before = {p.pid for p in engine_processes()}  # the session engine's, if started
     engine = VllmEngine(tiny_engine_config(tiny_model_dir))
     with EngineRunner(engine) as runner:
