@@ -38,6 +38,7 @@ def pytest_collection_modifyitems(config, items):
         lane = lanes.lane_of(item.nodeid.split("::")[0], item.fixturenames)
         for name in sorted(marks) + [lane]:
             item.add_marker(name)
+        item.user_properties.append(("lane", lane))  # in the junit XML, for tests/durations_report.py
         if missing := lanes.unstarted(lane, marks):
             problems.append(f"{item.nodeid} needs {', '.join(sorted(missing))}, which lane {lane} does not start")
     if problems:
