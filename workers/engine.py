@@ -47,7 +47,9 @@ class KvFigures:
 
     `used_tokens` counts whole blocks held by running requests; `preemptions` and the
     prefix-cache counts are running totals since the engine started: prompt tokens looked
-    up in the prefix cache, and those found there."""
+    up in the prefix cache, and those found there. A request holds whole blocks of
+    `block_tokens` (0: not said), and `reserved_tokens` of the capacity are the engine's own,
+    held by no request (vLLM's null block), so what fits is judged in both."""
 
     capacity_tokens: int = 0
     used_tokens: int = 0
@@ -55,6 +57,8 @@ class KvFigures:
     preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    block_tokens: int = 0
+    reserved_tokens: int = 0
 
 
 class EngineError(Exception):

@@ -23,6 +23,12 @@ from workers.engine import KvFigures
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+def vllm_blocks(blocks: int, block_size: int) -> dict[str, int]:
+    """How vLLM hands out a cache of `blocks` blocks: whole blocks of `block_size` tokens,
+    one of them its null block, which no request holds."""
+    return {"block_tokens": block_size, "reserved_tokens": block_size if blocks else 0}
+
+
 class EngineStats:
     def __init__(self) -> None:
         self.kv_cache_usage = 0.0  # fraction of the KV cache's blocks in use, 0..1
@@ -84,7 +90,7 @@ class EngineStats:
         return KvFigures(capacity_tokens=blocks * block_size,
                          used_tokens=round(usage * max(0, blocks - 1)) * block_size, usage=usage,
                          preemptions=self.preemptions, prefix_cache_queries=self.prefix_cache_queries,
-                         prefix_cache_hits=self.prefix_cache_hits)
+                         prefix_cache_hits=self.prefix_cache_hits, **vllm_blocks(blocks, block_size))
 
     def observe_step(self, seconds: float) -> None:
         self.step_counts[bisect.bisect_left(STEP_BUCKETS_S, seconds)] += 1

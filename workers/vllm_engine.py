@@ -42,7 +42,7 @@ from workers.engine import (
     InvalidEngineRequest,
     KvFigures,
 )
-from workers.engine_stats import EngineStats
+from workers.engine_stats import EngineStats, vllm_blocks
 from workers.reaper import Reaper
 
 if TYPE_CHECKING:
@@ -346,7 +346,7 @@ class VllmEngine(InferenceEngine):
         cache = llm.vllm_config.cache_config
         blocks, block_size = cache.num_gpu_blocks or 0, cache.block_size
         if self.stats is None:
-            return KvFigures(capacity_tokens=blocks * block_size)
+            return KvFigures(capacity_tokens=blocks * block_size, **vllm_blocks(blocks, block_size))
         return self.stats.kv_figures(blocks, block_size, busy=llm.get_num_unfinished_requests() > 0)
 
     def max_model_len(self) -> int:

@@ -107,7 +107,7 @@ def test_engine_stats_add_up_prefix_cache_lookups_and_count_used_blocks():
     # 11 blocks of 16: vLLM states usage over the 10 besides its null block, so half is 5.
     figures = stats.kv_figures(11, 16, busy=True)
     assert figures == KvFigures(capacity_tokens=176, used_tokens=80, usage=0.5, preemptions=1,
-                                prefix_cache_queries=80, prefix_cache_hits=32)
+                                prefix_cache_queries=80, prefix_cache_hits=32, block_tokens=16, reserved_tokens=16)
     idle = stats.kv_figures(11, 16, busy=False)
     assert (idle.used_tokens, idle.usage, idle.prefix_cache_queries) == (0, 0.0, 80)
 
@@ -132,7 +132,8 @@ def test_vllm_capacity_is_its_blocks_times_their_size_and_use_is_of_the_last_ste
 def test_vllm_says_nothing_before_it_starts_and_only_its_size_without_stats():
     before = VllmEngine(VllmEngineConfig(model=Path("/nonexistent"), max_model_len=512))
     assert before.kv_figures() == KvFigures() and before.max_model_len() == 512
-    assert _vllm_engine(log_stats=False).kv_figures() == KvFigures(capacity_tokens=1616)
+    assert _vllm_engine(log_stats=False).kv_figures() == KvFigures(capacity_tokens=1616, block_tokens=16,
+                                                                   reserved_tokens=16)
 
 
 def test_an_idle_vllm_engine_holds_no_blocks_whatever_the_last_step_said():

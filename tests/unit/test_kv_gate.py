@@ -1,13 +1,15 @@
 """A worker's KV gate (`workers.kv_gate`): work starts while its claims fit the engine's KV
-cache times the overcommit, one bigger than the cache runs alone on an idle worker, the
-first request that does not fit is not passed over for ever, and an engine that reports no
-KV capacity is gated by its slots alone."""
+cache times the overcommit, in the whole blocks the engine hands out and within what its
+requests can hold, one bigger than the cache runs alone on an idle worker, the first
+request that does not fit is not passed over for ever, and an engine that reports no KV
+capacity is gated by its slots alone."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
+from workers.engine import KvFigures
 from workers.kv_gate import KvGate
 
 
@@ -16,7 +18,7 @@ def req(input_tokens: int, max_output_tokens: int):
 
 
 def gate(kv: int = 1000, max_len: int = 512, overcommit: float = 1.0, queued=lambda request_id: True) -> KvGate:
-    return KvGate(lambda: (kv, max_len), overcommit, queued=queued)
+    return KvGate(lambda: (kv, max_len, 0), overcommit, queued=queued)
 
 
 def test_work_starts_while_its_claims_fit_the_cache():
@@ -28,6 +30,22 @@ def test_work_starts_while_its_claims_fit_the_cache():
     assert not g.fits("c", 400) and g.held == 800
     g.finished("a")
     assert g.fits("c", 400)
+
+
+def test_claims_count_whole_blocks_within_what_requests_can_hold():
+    # vLLM's 8 blocks of 128 tokens, one its null block: requests hold 7 of them.
+    engine = SimpleNamespace(kv_figures=lambda: KvFigures(capacity_tokens=1024, block_tokens=128, reserved_tokens=128),
+                             max_model_len=lambda: 512)
+    g = KvGate.of_engine(engine, 16, 1.0, queued=lambda request_id: True)
+    assert g.admits == 896
+    long, short = g.claim(req(290, 200)), g.claim(req(13, 16))
+    assert (long, short) == (512, 128)
+    g.started("long", long)
+    assert not g.fits("another-long", long, wait=False), "980 of 1024 tokens, but 8 blocks of the 7 requests can hold"
+    for rid in ("a", "b", "c"):
+        assert g.fits(rid, short, wait=False)
+        g.started(rid, short)
+    assert not g.fits("d", short, wait=False) and g.held == 896
 
 
 def test_the_overcommit_lets_more_claims_run():
@@ -78,7 +96,7 @@ def test_an_offer_that_does_not_fit_keeps_nothing_waiting():
 
 
 def test_an_engine_that_reports_no_kv_is_gated_by_slots_alone():
-    answers = [(0, 512)]
+    answers = [(0, 512, 0)]
     g = KvGate(lambda: answers[0], 1.0)
     g.started("a", 10**6)
     assert g.admits == 0 and g.fits("b", 10**6)
