@@ -192,7 +192,8 @@ class Platform:
                                        pool=pool, cancel_log=opened[0],
                                        stream_linger_s=self.settings.stream_linger_ms / 1000,
                                        revision=revision or self.model_revision,
-                                       engine_config_hash=runner.engine.engine_config_hash())
+                                       engine_config_hash=runner.engine.engine_config_hash(),
+                                       kv_overcommit=self.settings.kv_overcommit)
         except BaseException:
             close_all(handle.close for handle in opened)
             raise
