@@ -4,6 +4,7 @@ is marked with its lane and the services it needs, derived from its fixtures (`t
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from functools import partial
 from pathlib import Path
@@ -45,6 +46,12 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("tests/lanes.py: " + "; ".join(problems[:10]))
 
 
+def pytest_sessionfinish(session):
+    templates = sys.modules.get("tests.db_templates")  # imported only by a session that made one
+    if templates is not None:
+        templates.drop_templates()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
     _running.append(item)
@@ -78,14 +85,14 @@ def service_url(name: str) -> str:
     return value
 
 
-def new_postgres_database(prefix: str) -> tuple[str, str]:
-    """A new empty database on the real PostgreSQL: (its URL, its name)."""
+def new_postgres_database(prefix: str, *, template: str = "") -> tuple[str, str]:
+    """A new database on the real PostgreSQL, empty or a copy of `template`: (its URL, its name)."""
     import sqlalchemy as sa
     server_url = service_url("postgres")
     name = prefix + uuid.uuid4().hex[:12]
     server = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     with server.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     server.dispose()
     return server_url.rsplit("/", 1)[0] + "/" + name, name
 

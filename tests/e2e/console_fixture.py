@@ -19,14 +19,14 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from migrations.runner import upgrade
 from models.settings import Settings
 from pipelines import admin
 from pipelines.audit.signing import signer_from_key
 from pipelines.bootstrap import Bootstrap
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
-from tests.conftest import drop_postgres_databases, make_log_opener, new_postgres_database
+from tests.conftest import drop_postgres_databases, make_log_opener
+from tests.db_templates import migrated_postgres
 from tests.e2e.fake_platform import FakeTinyEngine
 from tests.harness import MODEL_ALIAS, Platform
 from tests.helpers import wait_until
@@ -89,10 +89,9 @@ def _traffic(platform: Platform, secret: str, count: int, tag: str) -> list[str]
 @pytest.fixture(scope="session")
 def console_platform(tmp_path_factory, tiny_model_dir):
     home = tmp_path_factory.mktemp("console")
-    url, name = new_postgres_database("console_")
+    url, name = migrated_postgres("console_")
     settings = Settings(home=home, grace_s=5.0, default_deadline_ms=60_000, database_url=url,
                         bootstrap_token="console-bootstrap-" + uuid.uuid4().hex)
-    upgrade(url)
     engine_runner = EngineRunner(FakeTinyEngine(tiny_model_dir), name="fake-engine").start()
     platform = Platform(make_log_opener("embedded", home), engine_runner, settings)
     platform.kind = "embedded"

@@ -12,7 +12,6 @@ from typing import Callable, Iterator
 
 import pytest
 
-from migrations.runner import upgrade
 from models.settings import Settings
 from pipelines.audit.signing import HmacSigner
 from pipelines.bootstrap import Bootstrap
@@ -21,25 +20,26 @@ from pipelines.eventlog.kafka_clients import close_all
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner
 from tests.conftest import drop_postgres_databases, make_log_opener, new_postgres_database
+from tests.db_templates import migrated_postgres, migrated_sqlite
 
 SIGNER = HmacSigner(b"test-audit-key")
 EVERY = 10  # a signed checkpoint every 10 records per partition, so small logs get several
 
 
 class Databases:
-    """Hands out new empty databases of one kind; drops the PostgreSQL ones afterwards."""
+    """Hands out new databases of one kind; drops the PostgreSQL ones afterwards."""
 
     def __init__(self, kind: str, tmp_path: Path):
         self.kind, self._tmp, self._created = kind, tmp_path, []
 
     def new(self, *, migrate: bool = True) -> str:
+        """A new database, empty or at the migrations' head (a copy of the session's
+        migrated template: `tests.db_templates`)."""
         if self.kind == "sqlite":
-            url = f"sqlite:///{self._tmp / ('projections-' + uuid.uuid4().hex[:8] + '.db')}"
-        else:
-            url, name = new_postgres_database("ledger_")
-            self._created.append(name)
-        if migrate:
-            upgrade(url)
+            path = self._tmp / ("projections-" + uuid.uuid4().hex[:8] + ".db")
+            return migrated_sqlite(path) if migrate else f"sqlite:///{path}"
+        url, name = migrated_postgres("ledger_") if migrate else new_postgres_database("ledger_")
+        self._created.append(name)
         return url
 
     def drop_all(self) -> None:

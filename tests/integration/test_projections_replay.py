@@ -72,7 +72,7 @@ def test_replay_refuses_a_database_with_rows(embedded_ledger_log, tmp_path):
         replay(log, url, SIGNER)
 
 
-def test_postgres_and_sqlite_projections_have_the_same_digests(embedded_ledger_log, tmp_path):
+def test_postgres_and_sqlite_projections_have_the_same_digests(embedded_ledger_log, tmp_path, postgres_url):
     """Digests normalize values across databases, so an auditor may rebuild into either."""
     from tests.integration.conftest_ledger import Databases
 
