@@ -59,13 +59,14 @@ QUEUED_PER_SLOT = 0.5  # KV claims of half a cache may wait beyond what runs
 LONG_TEXT = "the ledger " * 140  # 281 tokens of the tiny model's tokenizer, a few more with its tag
 
 
-def small_kv_engine(model: Path) -> VllmEngine:
-    """An engine whose cache is `BLOCKS` blocks, sized by the capacity plan's bytes per token."""
+def small_kv_engine(model: Path, blocks: int = BLOCKS) -> VllmEngine:
+    """An engine whose cache is `blocks` blocks, sized by the capacity plan's bytes per token
+    (tests/perf/bench_kv_admission.py runs on it too)."""
     config = json.loads((model / "config.json").read_text())
     per_token = kv_plan(model_shape_from_config(config, dtype="float32"), context_tokens=MAX_MODEL_LEN,
                         kv_budget_gb=1.0).bytes_per_token
     return VllmEngine(VllmEngineConfig(model=model, max_model_len=MAX_MODEL_LEN, max_num_seqs=SLOTS,
-                                       kv_cache_gb=BLOCKS * BLOCK * per_token / GiB))
+                                       kv_cache_gb=blocks * BLOCK * per_token / GiB))
 
 
 @dataclass
