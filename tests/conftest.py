@@ -156,6 +156,21 @@ def make_log_opener(kind: str, tmp_dir: Path, *, prefix: str = "t"):
     return opener
 
 
+@pytest.fixture(params=["embedded", "kafka"])
+def log_handles(request, tmp_path):
+    """`log_handles()`: a fresh handle onto one isolated log per test, on each adapter in
+    turn; every handle given out is closed with the test."""
+    opener = make_log_opener(request.param, tmp_path)
+    handles = []
+
+    def fresh():
+        handles.append(opener())
+        return handles[-1]
+    yield fresh
+    for handle in handles:
+        handle.close()
+
+
 @pytest.fixture(scope="session")
 def platforms(engine_runner, tmp_path_factory):
     """`platforms(kind, admit=False)`: the whole platform on that event-log adapter, made on

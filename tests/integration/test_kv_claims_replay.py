@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import pytest
 
 from models import topics
 from models.events import decode, new_event
@@ -19,7 +18,6 @@ from pipelines.admin import PLATFORM, RegistryView
 from pipelines.admission import AdmissionProcessor
 from pipelines.capacity import QueueBound, key_of
 from pipelines.routing import publish
-from tests.conftest import make_log_opener
 from tests.harness import new_tenant
 from tests.helpers import wait_until
 
@@ -27,19 +25,6 @@ KV_TOKENS = 1000
 CLAIM = 300  # 100 prompt tokens, 200 output: five fill the queue's bound (1500 for normal, 2000 for high)
 # Half a KV cache more may wait for normal priority, a whole one for high.
 BOUND = QueueBound(per_slot=0.5, kv_overcommit=1.0)
-
-
-@pytest.fixture(params=["embedded", "kafka"])
-def open_log(request, tmp_path):
-    opener = make_log_opener(request.param, tmp_path)
-    handles = []
-
-    def fresh():
-        handles.append(opener())
-        return handles[-1]
-    yield fresh
-    for handle in handles:
-        handle.close()
 
 
 def serving_worker(revision: str, worker_id: str) -> list:
@@ -78,13 +63,13 @@ def decided(log, processor, tenant_id, revision, request_id, priority="normal"):
     return running_until(processor, lambda: first_word(log, request_id), f"admission to decide {request_id}")
 
 
-def admission(open_log) -> AdmissionProcessor:
-    return AdmissionProcessor(open_log(), RegistryView(open_log()), grace=timedelta(seconds=5), lost_after_s=300,
+def admission(log_handles) -> AdmissionProcessor:
+    return AdmissionProcessor(log_handles(), RegistryView(log_handles()), grace=timedelta(seconds=5), lost_after_s=300,
                               queue_bound=BOUND)
 
 
-def test_a_restarted_admission_claims_what_its_predecessor_held_and_decides_alike(open_log):
-    log = open_log()
+def test_a_restarted_admission_claims_what_its_predecessor_held_and_decides_alike(log_handles):
+    log = log_handles()
     view = RegistryView(log)
     tenant_id, _ = new_tenant(view, may_send_high=True)
     revision, worker_id = f"kv@{uuid.uuid4().hex[:6]}", f"w-{uuid.uuid4().hex[:6]}"
@@ -92,7 +77,7 @@ def test_a_restarted_admission_claims_what_its_predecessor_held_and_decides_alik
     admin.approve_model(view, alias="kv", model_revision=revision, model_path="/m", engine_config_hash="slow",
                         max_model_len=512, actor="tests")
     publish(log, topics.FLEET, serving_worker(revision, worker_id))
-    first = admission(open_log)
+    first = admission(log_handles)
     running_until(first, lambda: first.fleet.view.complete_at is not None
                   and first.capacity.kv_capacity(key) == KV_TOKENS, "the first admission to read the fleet")
     admitted = [decided(log, first, tenant_id, revision, f"r{i}") for i in range(5)]
@@ -107,7 +92,7 @@ def test_a_restarted_admission_claims_what_its_predecessor_held_and_decides_alik
     assert held == ((1500, 600, 0), 600)
     first.close()
 
-    restarted = admission(open_log)
+    restarted = admission(log_handles)
     try:
         running_until(restarted, lambda: restarted.owned and restarted.claims.claims(key) == 5 * CLAIM
                       and restarted.fleet.view.complete_at is not None, "the restarted admission to claim again")

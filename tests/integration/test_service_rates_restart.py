@@ -8,7 +8,6 @@ import re
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import pytest
 
 from models import topics
 from models.events import decode, new_event
@@ -20,24 +19,10 @@ from pipelines.admission import AdmissionProcessor
 from pipelines.capacity import key_of
 from pipelines.eventlog import partition_for
 from pipelines.routing import publish
-from tests.conftest import make_log_opener
 from tests.harness import new_tenant
 from tests.helpers import wait_until
 
 TOKENS = 11
-
-
-@pytest.fixture(params=["embedded", "kafka"])
-def open_log(request, tmp_path):
-    opener = make_log_opener(request.param, tmp_path)
-    handles = []
-
-    def fresh():
-        handles.append(opener())
-        return handles[-1]
-    yield fresh
-    for handle in handles:
-        handle.close()
 
 
 def serving_worker(revision: str) -> list:
@@ -89,15 +74,15 @@ def decision(log, processor: AdmissionProcessor, tenant_id: str, revision: str, 
          if env.correlation_id == request_id), None), f"admission to decide {request_id}")
 
 
-def test_a_restarted_admission_decides_with_the_rates_it_had_measured(open_log):
-    log = open_log()
+def test_a_restarted_admission_decides_with_the_rates_it_had_measured(log_handles):
+    log = log_handles()
     view = RegistryView(log)
     tenant_id, _ = new_tenant(view)
     revision = f"slow@{uuid.uuid4().hex[:6]}"
     admin.approve_model(view, alias="slow", model_revision=revision, model_path="/m", engine_config_hash="slow",
                         max_model_len=512, actor="tests")
     publish(log, topics.FLEET, serving_worker(revision))
-    first = AdmissionProcessor(open_log(), RegistryView(open_log()), grace=timedelta(seconds=5), lost_after_s=300)
+    first = AdmissionProcessor(log_handles(), RegistryView(log_handles()), grace=timedelta(seconds=5), lost_after_s=300)
     publish(log, topics.OUTCOMES, served(tenant_id, revision, 8))
     key, outcomes = key_of(None, revision), partition_for(tenant_id, log.partitions(topics.OUTCOMES.name))
     running_until(first, lambda: first.capacity.rates_of(key).ttft_ms is not None
@@ -108,7 +93,7 @@ def test_a_restarted_admission_decides_with_the_rates_it_had_measured(open_log):
     assert committed == log.end_offset(topics.OUTCOMES.name, outcomes)
     first.close()
 
-    restarted = AdmissionProcessor(open_log(), RegistryView(open_log()), grace=timedelta(seconds=5),
+    restarted = AdmissionProcessor(log_handles(), RegistryView(log_handles()), grace=timedelta(seconds=5),
                                    lost_after_s=300)
     try:
         running_until(restarted, lambda: outcomes in (restarted.owned or ()) and restarted.fleet.view.complete_at
