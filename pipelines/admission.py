@@ -215,6 +215,12 @@ class AdmissionProcessor:
         self.placement = FleetPlacement(fleet.view.live if fleet is not None else None, slack=affinity_slack,
                                         claims=self.claims, kv_overcommit=self.capacity.bound.kv_overcommit)
 
+    @property
+    def registry(self) -> Registry:
+        """The registry as admission last read it: aliases, rollouts, revisions (a scrape
+        reads it without a look at the admin topic)."""
+        return self._registry_view.registry
+
     def _owned_now(self) -> set[int]:
         return {p for t, p in self._consumer.assignment() if t == topics.REQUESTS.name}
 

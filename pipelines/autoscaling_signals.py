@@ -197,7 +197,7 @@ def _alias_rows(processor, capacities: dict[Key, PoolCapacity]) -> Iterable[Row]
     any pool. The registry is admission's, as of its last look at the admin topic."""
     if processor.capacity.source is None:
         return
-    registry = processor._registry_view.registry  # admission's own view: no look at the log from a scrape
+    registry = processor.registry
     serving: dict[str, int] = {}
     for (_, revision), capacity in capacities.items():
         serving[revision] = serving.get(revision, 0) + capacity.workers
