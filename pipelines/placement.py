@@ -24,8 +24,10 @@ reports its KV, a burst fills them in proportion to their KV instead of their co
 goes to the first partition whose worker, with the request, is within `slack` requests of
 its size of the least filled one, so a worker with twice the KV takes twice the tokens.
 
-A request without an affinity goes where its key puts it (the request id's hash) and
-counts toward the load all the same. The load is this admission's own view: each
+A request without an affinity goes where its key puts it (the request id's hash) while
+that partition's worker has room; when it has none, to the next partition (in partition
+order) whose worker has, or under a burst as a prefix's would. It counts toward the load
+all the same. The load is this admission's own view: each
 admission balances what it decides, so together they are about balanced too. It is
 forgotten when admission's partitions move (nothing is lost: the choice is a placement,
 pinned on `GenerationQueued.work_partition`, never a decision replay has to make again).
@@ -102,6 +104,9 @@ class Placement:
             load.extend([0] * (partitions - len(load)))
         if affinity is None:
             chosen = partition_for(request_id, partitions)
+            if owners and chosen in owners:  # its key's partition, unless another worker has room and its has none
+                order = tuple((chosen + i) % partitions for i in range(partitions))
+                chosen = self._with_room(load, order, owners, slots or {}, claim, kv or {}, kv_load or {})
         else:
             chosen = self._with_room(load, probe_order(affinity, partitions), owners or {}, slots or {}, claim,
                                      kv or {}, kv_load or {})
@@ -171,7 +176,7 @@ class FleetPlacement(Placement):
         if topic.keyed_by != "request":
             return queued
         req = queued.payload.request
-        owners = self._owners_of(topic.name) if req.affinity is not None else None
+        owners = self._owners_of(topic.name)
         kv_load = {w: self._claims.on_worker(w) for w in self._kv}
         partition = self.choose(topic.name, topic.partitions, req.request_id, req.affinity, owners, self._slots,
                                 claim=claim, kv=self._kv, kv_load=kv_load)

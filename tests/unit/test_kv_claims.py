@@ -22,6 +22,7 @@ from models.reservations import Reservation, ReservationBook
 from models.settings import Settings
 from pipelines.admission import handle_requested
 from pipelines.capacity import CapacityBook, Outlook, QueueBound, ServiceRates, check, key_of
+from pipelines.eventlog import partition_for
 from pipelines.kv_claims import KvClaims, KvOutlook, PreemptionGuard, claim_of, kv_check, kv_wait
 from pipelines.placement import Placement, kv_by_worker, probe_order
 from tests.unit.test_admission import GRACE, REV, T0, registry, requested
@@ -217,6 +218,19 @@ def test_a_worker_without_kv_room_is_passed_over_while_another_has_some():
     assert owners[chosen] == away
     idle = placement.choose("work", P, "r2", affinity, owners, slots, claim=5000, kv=kv, kv_load={})
     assert owners[idle] == home, "bigger than any cache: it goes where its prefix is, to run alone"
+
+
+def test_without_an_affinity_a_request_leaves_its_keys_worker_only_when_that_has_no_room():
+    owners = {p: f"w{p % 2}" for p in range(P)}
+    slots, kv = {"w0": 8, "w1": 8}, {"w0": 1000, "w1": 1000}
+    home_p = partition_for("r1", P)
+    placement = Placement()
+    assert placement.choose("work", P, "r1", None, owners, slots, claim=300, kv=kv, kv_load={}) == home_p
+    full = placement.choose("work", P, "r2", None, owners, slots, claim=300, kv=kv,
+                            kv_load={owners[partition_for("r2", P)]: 900})
+    assert owners[full] != owners[partition_for("r2", P)], "its key's worker holds 900 of 1000: it goes elsewhere"
+    unknown = Placement().choose("work", P, "r3", None, None, None, claim=300)
+    assert unknown == partition_for("r3", P), "no heartbeat names owners: where its key puts it"
 
 
 @pytest.mark.parametrize("how", ["round-robin", "range"])
