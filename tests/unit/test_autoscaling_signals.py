@@ -124,7 +124,7 @@ def test_admission_exports_each_signal_per_pool_and_revision():
     registry = Registry(aliases={"tiny": Alias("tiny", REV, frozenset("*")),
                                  "idle": Alias("idle", "idle@1", frozenset("*"))})
     processor = SimpleNamespace(capacity=book, book=SimpleNamespace(open={}),
-                                _registry_view=SimpleNamespace(registry=registry))
+                                registry=registry)
     metrics = AdmissionMetrics(ceiling=0.5, window_s=30).follow(processor)
     metrics.written(admitted("r1", REV, None))
     metrics.written([(topics.LEDGER, new_event(UsageSettled(
