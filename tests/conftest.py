@@ -52,8 +52,8 @@ def pytest_sessionfinish(session):
         templates.drop_templates()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
+def _while_running(item):
+    """Hook wrapper: `item` is the test running while its setup or call does."""
     _running.append(item)
     try:
         return (yield)
@@ -61,13 +61,8 @@ def pytest_runtest_setup(item):
         _running.pop()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    _running.append(item)
-    try:
-        return (yield)
-    finally:
-        _running.pop()
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_while_running)
+pytest_runtest_call = pytest_runtest_setup
 
 
 def service_url(name: str) -> str:

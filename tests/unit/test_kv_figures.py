@@ -53,10 +53,10 @@ def test_the_fake_engine_holds_its_prompt_until_the_held_request_ends():
     async def run():
         stream = engine.generate(request("r1", prompt_words=9))  # 9 tokens: two blocks of 8
         first = asyncio.ensure_future(anext(stream))
-        for _ in range(100):  # a few turns of the loop: until the request holds
-            if "r1" in engine._aborted:  # noqa: SLF001
-                break
-            await asyncio.sleep(0)
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while "r1" not in engine._aborted:  # noqa: SLF001 - until the engine holds the request
+            assert asyncio.get_running_loop().time() < deadline, "the held request never started"
+            await asyncio.sleep(0)  # one turn of the loop, for the request's task to run
         during = engine.kv_figures()
         await engine.abort("r1")
         await first
