@@ -51,8 +51,11 @@ class Fleet:
         admin.approve_model(self.view, alias="fake", model_revision=REVISION, model_path="/nowhere",
                             engine_config_hash="fake", max_model_len=512, actor="tests")
         admission_log = self._log()
+        # No fleet view: each request waits on its key's partition. With one, admission
+        # places work where a worker has a slot free, and the tests here need a full worker
+        # to hold work read ahead (placement has tests of its own).
         admission = AdmissionProcessor(admission_log, RegistryView(admission_log), grace=timedelta(seconds=5),
-                                       member_id=f"a-{uuid.uuid4().hex[:6]}")
+                                       member_id=f"a-{uuid.uuid4().hex[:6]}", lost_after_s=None)
         self.loops.append(Loop("admission", lambda: admission.run_once(0.05), admission.close).start())
 
     def _log(self):
