@@ -26,7 +26,7 @@ import psutil
 from models import topics
 from models.events import decode
 from models.settings import Settings, format_cpu_list
-from pipelines import admin
+from pipelines.admin import commands as admin
 from pipelines.bootstrap import Bootstrap
 
 TENANT = "demo"

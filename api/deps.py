@@ -2,10 +2,12 @@
 from the key, and only from the key."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sqlalchemy import Engine
 
 from api.disconnect import DisconnectReaper
 from api.errors import ApiError
@@ -18,12 +20,13 @@ from models.digests import TenantDigests
 from models.prompt_class import PromptThresholds
 from models.registry import Principal
 from models.settings import Settings
-from pipelines.admin import RegistryView
+from pipelines.admin.commands import RegistryView
+from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog import EventLog
 from pipelines.fleet import FleetView
-from pipelines.request_index import RequestIndex
-from pipelines.semantic_cache import AnswerCache, embedder_for
-from pipelines.tokencount import TokenCounter
+from pipelines.generation.request_index import RequestIndex
+from pipelines.cache.semantic import AnswerCache, embedder_for
+from pipelines.generation.tokencount import TokenCounter
 
 
 @dataclass
@@ -114,3 +117,18 @@ def scope(name: str):
 
 
 GenerateDep = Annotated[Principal, scope("generate")]
+
+
+_projection_db_lock = threading.Lock()
+
+
+def projection_db(request: Request) -> Engine:
+    """The projection database of this app, opened on first use (never at import)."""
+    state = request.app.state
+    with _projection_db_lock:
+        if getattr(state, "projection_db", None) is None:
+            state.projection_db = Bootstrap(state.services.settings).projection_db()
+        return state.projection_db
+
+
+ProjectionDbDep = Annotated[Engine, Depends(projection_db)]

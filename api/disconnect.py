@@ -21,7 +21,7 @@ from models import topics
 from models.events import new_event
 from models.events_generation import CancelRequested, OutputDelivered
 from pipelines.eventlog import EventLog
-from pipelines.routing import publish
+from pipelines.publish import publish
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from models.events_generation import GenerationRejected
-from pipelines.idempotency import IdempotencyKeyInvalid
-from pipelines.submission import SubmissionError
+from pipelines.generation.idempotency import IdempotencyKeyInvalid
+from pipelines.generation.submission import SubmissionError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 409: "conflict_error", 410: "invalid_request_error",

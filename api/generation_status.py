@@ -12,8 +12,8 @@ from fastapi import Request
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.deps import Services
-from api.routes.usage import projection_db
-from pipelines.idempotency import meant_ids
+from api.deps import projection_db
+from pipelines.generation.idempotency import meant_ids
 from pipelines.projections.queries import generation_status, status_from_row
 
 logger = logging.getLogger(__name__)

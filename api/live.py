@@ -3,7 +3,7 @@ its first stream event, so the caller knows the HTTP status before sending anyth
 a rejection by admission becomes a real 429/400/413, never a 200 with an error inside.
 
 Which generation a request means (ids, `Idempotency-Key`, the key race) is decided in
-`pipelines.idempotency`; this module turns its answers into streams and HTTP errors.
+`pipelines.generation.idempotency`; this module turns its answers into streams and HTTP errors.
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from models.events_generation import (
     CacheHit, GenerationCompleted, GenerationRejected, GenerationRequested, Timings, TokensEmitted,
 )
 from models.registry import Principal
-from pipelines import idempotency
+from pipelines.generation import idempotency
 from pipelines.eventlog import partition_for
-from pipelines.request_index import RequestInfo
-from pipelines.routing import publish
-from pipelines.submission import SubmissionError, SubmitGeneration, Submitted, submit_generation
+from pipelines.generation.request_index import RequestInfo
+from pipelines.publish import publish
+from pipelines.generation.submission import SubmissionError, SubmitGeneration, Submitted, submit_generation
 
 
 @dataclass

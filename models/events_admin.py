@@ -180,7 +180,7 @@ class EvalScoresRecorded(Payload):
 @event("CachePolicySet")
 class CachePolicySet(Payload):
     """Whether a tenant's requests for an alias may be answered from the semantic cache
-    (`pipelines.semantic_cache`), and how: off unless an event turns it on. `threshold`
+    (`pipelines.cache.semantic`), and how: off unless an event turns it on. `threshold`
     raises the platform's similarity floor for this tenant (it never lowers it);
     `sampled_too` lets answers sampled at a temperature above 0 be cached and served again;
     a hit is charged `price_output_per_1k_micros` a thousand of the output tokens it serves."""

@@ -61,7 +61,7 @@ class WorkerHeartbeat(Announcement):
     prefix_cache_queries: int = Field(default=0, ge=0, exclude_if=_zero)
     prefix_cache_hits: int = Field(default=0, ge=0, exclude_if=_zero)
     # The partitions of each work topic the worker owns now (its consumer group's share), so
-    # admission can place work by worker (`pipelines.placement`); absent (and left out of
+    # admission can place work by worker (`pipelines.admission.placement`); absent (and left out of
     # the bytes) from workers that do not say.
     work_partitions: dict[str, list[int]] | None = Field(default=None, exclude_if=lambda v: v is None)
 

@@ -102,7 +102,7 @@ class GenerationRequested(Payload):
     fallback_from: str | None = Field(default=None, exclude_if=lambda v: v is None)
     # A keyed digest of the tenant and the prompt's leading part (a chat's system prompt):
     # requests that share it tend to wait on one work partition, so one worker's prefix
-    # cache serves them (`pipelines.placement`); absent (and left out of the bytes) otherwise.
+    # cache serves them (`pipelines.admission.placement`); absent (and left out of the bytes) otherwise.
     affinity: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
@@ -165,7 +165,7 @@ class GenerationQueued(Payload):
     # reading the registry; absent (and left out of the bytes) on work queued before
     # weights existed, which weighs 1.0.
     fair_share_weight: float | None = Field(default=None, gt=0, exclude_if=lambda v: v is None)
-    # The work topic's partition admission placed it on (`pipelines.placement`); absent (and
+    # The work topic's partition admission placed it on (`pipelines.admission.placement`); absent (and
     # left out of the bytes) where the request id's hash places it, as before placement.
     work_partition: int | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
 

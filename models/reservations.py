@@ -35,7 +35,7 @@ class ReservationBook:
     settled: set[str] = field(default_factory=set)
     usage: dict[str, TenantUsage] = field(default_factory=dict)  # by tenant
     # Open reservations by the worker running them (from the outcomes topic, not the ledger:
-    # see `pipelines.lost_workers`), so a lost worker's generations are found without a scan.
+    # see `pipelines.admission.lost_workers`), so a lost worker's generations are found without a scan.
     running: dict[str, set[str]] = field(default_factory=dict)  # worker_id -> request ids
     # (expires_at, request_id) of every reservation opened, earliest first, so the look for
     # overdue ones (on every admission poll) reads only those due; closed ones are dropped

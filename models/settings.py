@@ -79,19 +79,19 @@ class Settings(BaseSettings):
     # the engine's every sequence streaming; proportionally less with fewer. Its first
     # tokens and its end never wait.
     stream_linger_ms: float = 40.0
-    # The semantic cache of the API (pipelines.semantic_cache), where a tenant's policy turns
+    # The semantic cache of the API (pipelines.cache.semantic), where a tenant's policy turns
     # it on: how prompts are embedded ("minilm": all-MiniLM-L6-v2 on the CPU; "hashing": a
     # bag of words, for tests only), and how many answers it holds per tenant.
     cache_embedder: Literal["minilm", "hashing"] = "minilm"
     cache_max_entries_per_tenant: int = Field(default=100_000, gt=0)
-    # Prefix-cache affinity (pipelines.placement): whether the API names what a request's
+    # Prefix-cache affinity (pipelines.admission.placement): whether the API names what a request's
     # prompt shares with others (its tenant and system prompt), so admission places such
     # requests on one worker while it has a slot free; and, once every worker is full, how
     # many more queued requests one worker may hold than the least loaded one.
     work_affinity: bool = True
     work_affinity_slack: int = Field(default=2, ge=1)
     # A worker that also runs admission for the tenant partitions it is given: work it can
-    # start at once is admitted and taken in one commit (see `pipelines.admission`).
+    # start at once is admitted and taken in one commit (see `pipelines.admission.processor`).
     worker_admits: bool = False
     # How long one thread of a serving process may run Python before another waiting one
     # gets its turn (ms; Python's own default is 5). These processes run many threads that
@@ -151,7 +151,7 @@ class Settings(BaseSettings):
     group_session_timeout_s: float | None = Field(default=None, gt=0)
     # How much work may wait per (pool, revision): this many requests per live slot, never
     # fewer than the floor; high priority twice as many, so normal work is shed first when
-    # capacity falls (`pipelines.capacity.QueueBound`).
+    # capacity falls (`pipelines.admission.capacity.QueueBound`).
     admission_queued_per_slot: float = Field(default=4.0, gt=0)
     admission_queued_floor: int = Field(default=512, ge=0)
     # How far admission may overcommit each revision's KV cache: it starts requests while the
@@ -163,12 +163,12 @@ class Settings(BaseSettings):
     kv_overcommit: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     # The least service admission assumes for a revision before it has measured any (ms to
     # the first token, then per further output token): deadlines are judged and the queue
-    # drained at this pace until completions say better (`pipelines.capacity.Floors`). The
+    # drained at this pace until completions say better (`pipelines.admission.capacity.Floors`). The
     # defaults are far below any real engine, so only hopeless deadlines are refused.
     admission_floor_first_token_ms: float = Field(default=5.0, ge=0, allow_inf_nan=False)
     admission_floor_ms_per_output_token: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     # The desired replica count admission exports (`ledgerlm_desired_replicas`,
-    # pipelines.autoscaling_signals): each replica planned at this share of its measured
+    # pipelines.admission.signals): each replica planned at this share of its measured
     # goodput (as `ledgerlm capacity plan --ceiling`), from the requests admitted over the window.
     autoscale_utilization_ceiling: float = Field(default=0.7, gt=0, le=1)
     autoscale_window_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from models.events import canonical
-from pipelines.audit.signing import Ed25519Signer, Ed25519Verifier, signer_from_key
+from pipelines.signing import Ed25519Signer, Ed25519Verifier, signer_from_key
 
 _CHUNK = 1 << 20
 
@@ -92,7 +92,7 @@ def trusted_verifiers(keys: str | None) -> list:
 
 
 def approval_policy(settings) -> dict:
-    """The keyword arguments `pipelines.admin.approve_model` takes from the settings."""
+    """The keyword arguments `pipelines.admin.commands.approve_model` takes from the settings."""
     return {"trusted": trusted_verifiers(settings.artifact_trusted_keys),
             "require_signed": settings.require_signed_artifacts}
 

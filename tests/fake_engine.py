@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationQueued, GenerationRequested, Position, PromptSubmitted
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.helpers import wait_until
 from tests.kv_stand_in import StandInKv
 from workers.engine import EngineDelta, InferenceEngine

@@ -12,8 +12,8 @@ from typing import Iterator
 
 from models import topics
 from models.events import decode
-from pipelines import admin
-from pipelines.capacity import key_of
+from pipelines.admin import commands as admin
+from pipelines.admission.capacity import key_of
 from tests.e2e.test_worker_crash import SeverableLog
 from tests.harness import Loop
 from tests.helpers import wait_until

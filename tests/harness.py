@@ -23,14 +23,14 @@ from api.app import create_app
 from api.deps import Services
 from api.stream_hub import StreamHub
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admission import AdmissionProcessor
-from pipelines.admin import RegistryView
-from pipelines.capacity import QueueBound
+from pipelines.admin import commands as admin
+from pipelines.admission.processor import AdmissionProcessor
+from pipelines.admin.commands import RegistryView
+from pipelines.admission.capacity import QueueBound
 from pipelines.bootstrap import Bootstrap, topic_specs
 from pipelines.eventlog import EventLog
 from pipelines.eventlog.kafka_clients import close_all
-from pipelines.tokencount import TokenCounter
+from pipelines.generation.tokencount import TokenCounter
 from tests.helpers import wait_until
 from workers.engine_runner import EngineRunner
 from workers.interactive import InteractiveWorker

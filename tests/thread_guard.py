@@ -25,7 +25,7 @@ import pytest
 
 # kafka-python names each client's I/O loop `kafka-io-<client_id>` and a producer's sender
 # `<client_id>-network-thread`; ours read or write the log (api/stream_hub.py,
-# workers/cancel_watch.py, pipelines/lost_workers.py, workers/fleet_presence.py).
+# workers/cancel_watch.py, pipelines/admission/lost_workers.py, workers/fleet_presence.py).
 CLIENT_THREAD = re.compile(r"^kafka-io-|-network-thread$|^(stream-hub|cancel-watch|admission-fleet)$|-fleet(-left)?$")
 SESSION = "the session"
 WAIT_S = 10.0

@@ -25,7 +25,7 @@ from typing import Callable
 from models import topics
 from models.digests import TenantDigests
 from models.settings import Settings, format_cpu_list
-from pipelines.admin import AdminError
+from pipelines.admin.commands import AdminError
 from pipelines.artifacts import ArtifactError
 from pipelines.bootstrap import Bootstrap
 from pipelines.process_tuning import lower_session_priority, run_on_cpus, tune_process
@@ -45,7 +45,7 @@ def model_dir(settings: Settings) -> Path:
 def approve(settings: Settings, log, *, alias: str | None = None, signature: str | None = None) -> str:
     """Approves the configured model with its files' digests (and `signature` over them)."""
     from pipelines import artifacts
-    from pipelines.admin import approve_model
+    from pipelines.admin.commands import approve_model
 
     platform = Bootstrap(settings)
     path = model_dir(settings).resolve()
@@ -83,8 +83,8 @@ def admit_beside(worker, settings: Settings, stop: threading.Event, metrics=None
     supervisor to restart. `metrics` (an `AdmissionMetrics`) counts what it decides."""
     from datetime import timedelta
 
-    from pipelines.admission import AdmissionProcessor
-    from pipelines.capacity import QueueBound
+    from pipelines.admission.processor import AdmissionProcessor
+    from pipelines.admission.capacity import QueueBound
 
     platform = Bootstrap(settings)
     log = platform.event_log(create_topics=False)
@@ -171,7 +171,8 @@ def start_worker(platform: Bootstrap, settings: Settings, log, runner, serving, 
 
 def serve_worker(settings: Settings, pool: str | None = None, *, revision: str | None = None,
                  alias: str | None = None) -> int:
-    from pipelines.metrics import AdmissionMetrics, serve_metrics
+    from pipelines.admission.metrics import AdmissionMetrics
+    from pipelines.metrics import serve_metrics
     from pipelines.outage import Readiness, readiness_registry
     from workers.engine_runner import EngineRunner
     from workers.metrics import worker_metrics
@@ -298,7 +299,7 @@ def sign_or_keygen(args) -> dict:
     import secrets
 
     from pipelines import artifacts
-    from pipelines.audit.signing import Ed25519Signer
+    from pipelines.signing import Ed25519Signer
 
     if args.action == "keygen":
         seed = secrets.token_bytes(32)

@@ -27,7 +27,7 @@ from pipelines.batch.tokens import template_ids, tokenizer_for
 from pipelines.eventlog import EventLog
 from pipelines.objectstore import ObjectStore
 from pipelines.outage import Readiness, is_transient, ride_out
-from pipelines.routing import publish
+from pipelines.publish import publish
 from workers.batch_engine import EngineSlot, GenRequest
 from workers.summarize import summarize_documents
 

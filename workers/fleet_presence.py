@@ -19,7 +19,7 @@ from typing import Callable
 from models import topics
 from models.events import Envelope, Payload, encode, new_event
 from models.events_fleet import Capacity, WorkerDraining, WorkerHeartbeat, WorkerJoined, WorkerLeft
-from pipelines.admin import PLATFORM
+from pipelines.admin.commands import PLATFORM
 from pipelines.eventlog import EventLog, Message
 
 logger = logging.getLogger(__name__)

@@ -54,11 +54,11 @@ from models.events_generation import (
     GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings,
 )
 from models.topics import Topic
-from pipelines.admission import Taking
+from pipelines.admission.processor import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, Message, Record, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.outage import Readiness, keep_running
-from pipelines.routing import beside, publish, to_outputs
+from pipelines.publish import beside, publish, to_outputs
 from workers.cancel_watch import CancelWatch
 from workers.engine import InferenceEngine
 from workers.engine_runner import EngineRunner

@@ -1,5 +1,5 @@
 """A pool worker's own KV gate: it starts a taken request only while the claims of what it
-runs (prompt plus max output tokens each, `pipelines.kv_claims.claim_of`) and the request's
+runs (prompt plus max output tokens each, `pipelines.admission.kv_claims.claim_of`) and the request's
 fit in its engine's KV cache times the overcommit (`Settings.kv_overcommit`), so the
 engine is never handed more than its cache holds and preempts.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from pipelines.kv_claims import claim_of
+from pipelines.admission.kv_claims import claim_of
 from workers.worker_presence import engine_capacity_of
 
 LOOK_AGAIN_S = 1.0  # how often an engine that reported no KV capacity yet is asked again

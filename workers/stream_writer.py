@@ -38,7 +38,7 @@ from models import topics
 from models.events import Envelope, caused_by
 from models.events_generation import TokensEmitted
 from pipelines.eventlog import EventLog
-from pipelines.routing import publish
+from pipelines.publish import publish
 
 
 @dataclass

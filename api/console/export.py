@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from api.console.auth import ConsoleRefusal, UserDep
 from api.console.pages import day_range
-from api.routes.usage import projection_db
+from api.deps import projection_db
 from pipelines.projections.console import EXPORT_COLUMNS, ledger_rows
 
 router = APIRouter(prefix="/console", include_in_schema=False)

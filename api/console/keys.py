@@ -1,7 +1,7 @@
 """The console's keys page and its actions: issue, rotate, expire, revoke.
 
 Each action is a plain form (with the session's CSRF token) that calls the same commands
-as the `/v1/admin` routes (`pipelines.admin`, `pipelines.admin_tenants`) under the same
+as the `/v1/admin` routes (`pipelines.admin.commands`, `pipelines.admin.tenants`) under the same
 rules (`api.routes.admin.owned_key`), so every change is an admin event on the log,
 recorded with the signed-in user as its actor. A new key's secret is shown once, on the
 page the action returns to, and kept nowhere else.
@@ -19,7 +19,8 @@ from api.errors import ApiError
 from api.routes.admin import owned_key, run
 from api.routes.admin_keys import MAX_OVERLAP_S
 from models.authz import TENANT_GRANTABLE_SCOPES, ungrantable_scopes
-from pipelines import admin, admin_tenants
+from pipelines.admin import commands as admin
+from pipelines.admin import tenants as admin_tenants
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 ALL_SCOPES = ("generate", "batch", "usage", "audit", "tenant_admin", "operator")

@@ -16,8 +16,10 @@ from api.console.pages import decode_cursor, encode_cursor, page_size
 from api.console.render import page
 from api.console.slo import slo_section
 from api.fleet_report import fleet_report
-from api.routes.usage import projection_db
-from pipelines import cache_admin, rollouts, router_admin
+from api.deps import projection_db
+from pipelines.cache import admin as cache_admin
+from pipelines.rollouts import commands as rollouts
+from pipelines.admin import routers as router_admin
 from pipelines.bootstrap import Bootstrap
 from pipelines.fleet import wall_clock
 from pipelines.projections.queries import audit_events
@@ -58,7 +60,7 @@ def audit(request: Request, user: UserDep, tenant: str | None = None, after: str
 
 
 def _verify(settings) -> dict:
-    from pipelines.audit.signing import signer_from_key
+    from pipelines.signing import signer_from_key
     from pipelines.audit.verify import verify
 
     platform = Bootstrap(settings)

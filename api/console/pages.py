@@ -13,7 +13,7 @@ from fastapi.responses import RedirectResponse
 from api.console.auth import ConsoleRefusal, UserDep
 from api.console.render import bar_chart, count, page
 from api.routes.batch_deps import batch_services
-from api.routes.usage import projection_db
+from api.deps import projection_db
 from pipelines.projections import console as reads
 from pipelines.projections.queries import tenant_quota
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from fastapi import Request
 
 from api.console.auth import ConsoleRefusal
-from api.routes.usage import projection_db
+from api.deps import projection_db
 from models.prompt_class import PromptThresholds
 from pipelines.projections.slo import parse_window, slo_report
 

@@ -1,6 +1,6 @@
 """`/v1/admin/...`: tenants, keys, limits, model revisions and aliases.
 
-Every change is an admin event on the log (`pipelines.admin`); these routes only
+Every change is an admin event on the log (`pipelines.admin.commands`); these routes only
 translate HTTP into those commands. Platform routes (tenants made, models, aliases, the
 fleet) take an operator (`OperatorDep`: scope `operator`, or its older name `admin`, or
 the settings' `bootstrap_token`, to make the first one); a tenant's own routes (reading
@@ -20,7 +20,9 @@ from api.errors import ApiError
 from models.authz import ungrantable_scopes
 from models.events_admin import Scope
 from models.quota import MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S
-from pipelines import admin, admin_tenants, artifacts
+from pipelines import artifacts
+from pipelines.admin import commands as admin
+from pipelines.admin import tenants as admin_tenants
 
 router = APIRouter(prefix="/v1/admin")
 ActorDep = OperatorDep  # the name other admin routers import

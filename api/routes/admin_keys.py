@@ -1,5 +1,5 @@
 """`/v1/admin/...`: key expiry and rotation (a tenant admin on its own keys, an operator on
-any), and tenant suspension (operators only). Each is an admin event (`pipelines.admin_tenants`)."""
+any), and tenant suspension (operators only). Each is an admin event (`pipelines.admin.tenants`)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -10,7 +10,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from api.admin_access import OperatorDep, TenantAdminDep
 from api.deps import ServicesDep
 from api.routes.admin import owned_key, run, tenant_json
-from pipelines import admin_tenants
+from pipelines.admin import tenants as admin_tenants
 
 router = APIRouter(prefix="/v1/admin")
 MAX_OVERLAP_S = 90 * 24 * 3600  # how long a rotated key may stay live beside its successor

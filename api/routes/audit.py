@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query
 from api.deps import scope
 from api.errors import ApiError
 from api.query_types import IsoDateTime
-from api.routes.usage import ProjectionDbDep
+from api.deps import ProjectionDbDep
 from models.authz import is_operator
 from models.registry import Principal
 from pipelines.projections.queries import audit_events

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.admin_access import TenantAdminDep
 from api.deps import ServicesDep
 from api.routes.admin import run
-from pipelines import cache_admin
+from pipelines.cache import admin as cache_admin
 
 router = APIRouter(prefix="/v1/admin")
 

@@ -1,5 +1,5 @@
 """`/v1/admin/evals`: the eval table (per task and revision, a quality score in [0, 1]),
-for operators. An upload is one admin event (`pipelines.evals`), all its rows or none."""
+for operators. An upload is one admin event (`pipelines.rollouts.evals`), all its rows or none."""
 from __future__ import annotations
 
 from fastapi import APIRouter
@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.admin_access import OperatorDep
 from api.deps import ServicesDep
 from api.routes.admin import run
-from pipelines import evals
+from pipelines.rollouts import evals
 
 router = APIRouter(prefix="/v1/admin")
 

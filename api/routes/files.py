@@ -16,7 +16,7 @@ from models import topics
 from models.events import new_event
 from models.events_batch import FileDeleted
 from pipelines.batch.submit import copy_upload, upload_file
-from pipelines.routing import publish
+from pipelines.publish import publish
 
 router = APIRouter()
 MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part

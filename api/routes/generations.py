@@ -17,7 +17,7 @@ from api.sse import collect, event_json, failure_error, native_frames, stream_re
 from api.sampling import sampling_of
 from models.events_generation import GenerationFailed
 from models.sampling_request import SamplingFields
-from pipelines.submission import TERMINAL_STATUSES, SubmitGeneration, request_cancel
+from pipelines.generation.submission import TERMINAL_STATUSES, SubmitGeneration, request_cancel
 
 router = APIRouter()
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from api.deps import ServicesDep
-from api.routes.usage import projection_db
+from api.deps import projection_db
 from models import topics
 
 router = APIRouter()

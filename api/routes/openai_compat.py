@@ -22,7 +22,7 @@ from api.sse import collect, failure_error, stream_response
 from api.sampling import sampling_of
 from models.events_generation import GenerationFailed, Sampling
 from models.sampling_request import SamplingFields
-from pipelines.submission import SubmitGeneration
+from pipelines.generation.submission import SubmitGeneration
 
 router = APIRouter()
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]

@@ -1,5 +1,5 @@
 """`/v1/admin/rollouts` and `/v1/admin/revisions/{revision}/drain`: an alias's routing
-table, for operators. Each change is one admin event (`pipelines.rollouts`); what these
+table, for operators. Each change is one admin event (`pipelines.rollouts.commands`); what these
 routes show is read from the same registry state that routes requests, so a rollout
 shown promoted has moved its alias."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from api.admin_access import OperatorDep
 from api.deps import ServicesDep
 from api.errors import ApiError
 from api.routes.admin import run
-from api.routes.usage import ProjectionDbDep
-from pipelines import rollouts
+from api.deps import ProjectionDbDep
+from pipelines.rollouts import commands as rollouts
 from pipelines.projections.queries import rollout_history
 
 router = APIRouter(prefix="/v1/admin")

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.admin_access import OperatorDep
 from api.deps import ServicesDep
 from api.routes.admin import run
-from pipelines import router_admin
+from pipelines.admin import routers as router_admin
 
 router = APIRouter(prefix="/v1/admin")
 

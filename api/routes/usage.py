@@ -5,37 +5,19 @@ the key's, and only the key's.
 """
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
-from sqlalchemy import Engine
+from fastapi import APIRouter
 
-from api.deps import scope
+from api.deps import ProjectionDbDep, scope
 from api.errors import ApiError
 from api.query_types import IsoDate
 from models.registry import Principal
-from pipelines.bootstrap import Bootstrap
 from pipelines.projections.queries import tenant_quota, usage_summary
 
 router = APIRouter()
 UsageDep = Annotated[Principal, scope("usage")]
-_engine_lock = threading.Lock()
-
-
-def projection_db(request: Request) -> Engine:
-    """The projection database of this app, opened on first use (never at import)."""
-    state = request.app.state
-    with _engine_lock:
-        if getattr(state, "projection_db", None) is None:
-            state.projection_db = Bootstrap(state.services.settings).projection_db()
-        return state.projection_db
-
-
-ProjectionDbDep = Annotated[Engine, Depends(projection_db)]
-
-
 @router.get("/v1/usage")
 def get_usage(principal: UsageDep, db: ProjectionDbDep, group_by: Literal["day", "model", "application"] = "day",
               start_date: IsoDate | None = None, end_date: IsoDate | None = None):

@@ -15,7 +15,7 @@ from sqlalchemy import func, inspect, select
 from migrations.runner import upgrade
 from models.tables import PROJECTED_TABLES, checkpoints
 from pipelines.audit.digest import TableDigest, table_digests
-from pipelines.audit.signing import Signer
+from pipelines.signing import Signer
 from pipelines.eventlog import EventLog
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from sqlalchemy import Engine, func, select
 
 from models.tables import audit_checkpoints, audit_seals, audit_trail
-from pipelines.audit.signing import Signer, checkpoint_message
+from pipelines.signing import Signer, checkpoint_message
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from sqlalchemy import Connection, Engine, func, select
 
 from models import topics
 from models.tables import audit_checkpoints, audit_seals, audit_trail
-from pipelines.audit.chain import CHECKPOINT_EVERY, genesis
-from pipelines.audit.signing import Verifier, checkpoint_message
+from models.audit_chain import CHECKPOINT_EVERY, genesis
+from pipelines.signing import Verifier, checkpoint_message
 from pipelines.eventlog import EventLog, Record, UnknownTopic
 
 PAGE = 20_000

@@ -25,13 +25,13 @@ from models.batch_budget import BatchLimits, BudgetBook
 from models.events import Envelope, EventDecodeError, decode, new_event
 from models.registry import Registry
 from models.settings import Settings
-from pipelines.admin import RegistryView
+from pipelines.admin.commands import RegistryView
 from pipelines.batch.queue import ChunkQueue
 from pipelines.batch.reconcile import DispatchOptions, Reconciler
 from pipelines.eventlog import EventLog, Fenced
 from pipelines.objectstore import ObjectStore
 from pipelines.outage import Readiness, is_transient, keep_running
-from pipelines.routing import to_outputs
+from pipelines.publish import to_outputs
 
 logger = logging.getLogger(__name__)
 TOPIC = topics.BATCHES
@@ -152,9 +152,7 @@ class BatchDispatcher:
         self._consumer.close()
 
 
-def dispatcher_from_settings(settings: Settings, log: EventLog) -> BatchDispatcher:
-    from pipelines.bootstrap import Bootstrap
-
-    platform = Bootstrap(settings)
+def dispatcher_from_settings(settings: Settings, log: EventLog, platform) -> BatchDispatcher:
+    """`platform`: the process's `pipelines.bootstrap.Bootstrap`, which opens the adapters."""
     return BatchDispatcher(log, platform.registry_view(log), platform.object_store(), platform.chunk_queue(),
                            options=options_from_settings(settings), limits_for=limits_from_settings(settings))

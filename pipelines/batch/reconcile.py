@@ -32,7 +32,7 @@ from models.events_batch import (
 )
 from models.registry import Registry
 from pipelines import artifacts
-from pipelines.decisions import cost_micros
+from pipelines.admission.decisions import cost_micros
 from pipelines.batch.finalize import _JsonlOut, finalize_requests, finalize_summaries
 from pipelines.batch.queue import ChunkQueue
 from pipelines.batch.validate import BatchInputError, validate_documents, validate_requests

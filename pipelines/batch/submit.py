@@ -24,8 +24,8 @@ from pipelines.batch.tokens import template_ids, tokenizer_for
 from pipelines.batch.view import BatchView
 from pipelines.eventlog import EventLog
 from pipelines.objectstore import ObjectStore
-from pipelines.routing import publish
-from pipelines.submission import SubmissionError
+from pipelines.publish import publish
+from pipelines.generation.submission import SubmissionError
 
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 UPLOAD_PURPOSES = ("batch", "user_data")

@@ -15,7 +15,7 @@ from models.events_batch import BatchError, ChunkPlan
 from models.registry import Registry, Revision
 from models.summarization import PlanError, Shape, plan
 from models.text import nested_too_deep
-from pipelines.decisions import cost_micros
+from pipelines.admission.decisions import cost_micros
 from pipelines.batch.lines import LineError, ParsedLine, error_line, parse_line
 from pipelines.batch.schemas import DOCUMENT_INPUT, REQUEST_INPUT, write_table
 from pipelines.batch.tokens import encode_chat, encode_completion, encode_text, template_ids, tokenizer_for

@@ -6,7 +6,7 @@ from pipelines.projections.base import Projection
 
 def all_projections(signer, *, checkpoint_every: int | None = None) -> list[Projection]:
     """Every projection of the platform, the audit trail signing with `signer`."""
-    from pipelines.audit.trail import AuditTrailProjection
+    from pipelines.projections.audit_trail import AuditTrailProjection
     from pipelines.projections.admin_history import AdminHistoryProjection
     from pipelines.projections.batches import BatchesProjection
     from pipelines.projections.generations import GenerationsProjection

@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine, select
 from models.prompt_class import PROMPT_CLASSES, PromptThresholds
 from models.tables import generations
 from pipelines.projections.generations import utc
-from pipelines.rollout_analysis import p95
+from pipelines.rollouts.analysis import p95
 
 CLIENT_CANCELS = frozenset({"client", "client_gone"})  # ends a client chose: not the platform's failure
 IN_FLIGHT = frozenset({"queued", "running"})

@@ -13,8 +13,8 @@ from migrations.runner import upgrade
 from models import topics
 from models.events import decode
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
 from tests.conftest import make_log_opener
 from tests.harness import MODEL_ALIAS, api_services, new_tenant, serve_api
 

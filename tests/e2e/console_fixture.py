@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from models.settings import Settings
-from pipelines import admin
-from pipelines.audit.signing import signer_from_key
+from pipelines.admin import commands as admin
+from pipelines.signing import signer_from_key
 from pipelines.bootstrap import Bootstrap
 from pipelines.projections import all_projections
 from pipelines.projections.runner import ProjectionRunner

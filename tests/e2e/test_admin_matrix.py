@@ -10,7 +10,7 @@ import uuid
 
 from fastapi.routing import APIRoute
 
-from pipelines import admin
+from pipelines.admin import commands as admin
 
 OPERATOR, TENANT, LIST = "operator only", "its own tenant", "lists its own tenant"
 POLICY = {

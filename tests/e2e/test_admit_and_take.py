@@ -12,11 +12,11 @@ import pytest
 from models import topics
 from models.events import new_event
 from models.events_generation import CancelRequested, GenerationRequested, Position, PromptSubmitted
-from pipelines import admin
-from pipelines.admin import RegistryView
-from pipelines.admission import AdmissionProcessor
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
+from pipelines.admission.processor import AdmissionProcessor
 from pipelines.eventlog import EventLogError
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.conftest import make_log_opener
 from tests.e2e.test_streaming import request_events
 from tests.fake_engine import FakeEngine

@@ -9,8 +9,8 @@ import httpx
 
 from models import topics
 from models.events import decode
-from pipelines import admin
-from pipelines.tokencount import TokenCounter
+from pipelines.admin import commands as admin
+from pipelines.generation.tokencount import TokenCounter
 from tests.harness import MODEL_ALIAS
 from tests.helpers import wait_until
 from tests.conftest import platform_both_ways

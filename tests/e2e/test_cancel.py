@@ -21,7 +21,7 @@ import pytest
 
 from models import topics
 from models.events import decode
-from pipelines import admin
+from pipelines.admin import commands as admin
 from pipelines.eventlog import partition_for
 from tests.e2e.test_streaming import sse_frames
 from tests.engine_wrappers import HeldEngine

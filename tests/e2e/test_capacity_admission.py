@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from models import topics
-from pipelines import admin
-from pipelines.capacity import QueueBound
+from pipelines.admin import commands as admin
+from pipelines.admission.capacity import QueueBound
 from tests import fleet_pool
 from tests.fleet_pool import assert_settled_once, ledger_kinds, of_tenant
 from tests.helpers import wait_until

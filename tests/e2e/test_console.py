@@ -204,7 +204,8 @@ def test_limits_show_what_admission_enforces_and_never_unlimited(console_platfor
         unset = browser.get("/console/limits").text
         assert "unlimited" not in unset.lower()
         assert "bounded by the model&#39;s context" in unset or "bounded by the model's context" in unset
-    from pipelines import admin, admin_tenants
+    from pipelines.admin import commands as admin
+    from pipelines.admin import tenants as admin_tenants
     admin.set_limits(cp.platform.view, tenant_id=b.tenant_id, actor="tests", tokens_per_window=100_000,
                      max_output_tokens=64, spend_per_window_micros=5_000_000)
     admin_tenants.set_own_limits(cp.platform.view, tenant_id=b.tenant_id, actor="tests", max_output_tokens=32)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from models.settings import Settings
-from pipelines import admin
+from pipelines.admin import commands as admin
 from tests.e2e.test_cancel import settlement
 from tests.e2e.test_streaming import sse_frames
 from tests.engine_wrappers import PacedEngine

@@ -21,11 +21,11 @@ import pytest
 from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationRequested, Position, PromptSubmitted, Sampling
-from pipelines import admin
-from pipelines.admin import RegistryView
-from pipelines.admission import AdmissionProcessor
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
+from pipelines.admission.processor import AdmissionProcessor
 from pipelines.eventlog import partition_for
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.conftest import make_log_opener
 from tests.dying_engine import DyingEngine, wedge
 from tests.fake_engine import FakeEngine, queue_work

@@ -4,7 +4,7 @@ admission's rejections (429 with Retry-After, 400/413 for limits), streamed or n
 from __future__ import annotations
 
 from models import topics
-from pipelines import admin
+from pipelines.admin import commands as admin
 from tests.e2e.test_cancel import tenant_events
 from tests.harness import MODEL_ALIAS
 

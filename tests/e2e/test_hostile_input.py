@@ -151,7 +151,7 @@ def test_sampling_values_the_engine_refuses_are_a_400_naming_the_field_on_every_
 
 
 def test_a_revision_whose_tokenizer_cannot_load_is_a_503_not_a_crash(api):
-    from pipelines import admin
+    from pipelines.admin import commands as admin
     admin.approve_model(api.view, alias="broken", model_revision="broken@1", model_path="/nonexistent/model",
                         engine_config_hash="x", max_model_len=512, actor="tests")
     tenant_id, secret = api.tenant()

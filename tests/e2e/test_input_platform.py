@@ -7,7 +7,7 @@ import json
 
 from models import topics
 from models.events import decode
-from pipelines import admin
+from pipelines.admin import commands as admin
 from tests.harness import MODEL_ALIAS
 
 CHAT = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}

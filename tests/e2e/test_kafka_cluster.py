@@ -33,7 +33,7 @@ from kafka.errors import KafkaError
 from models import topics
 from models.events import decode
 from pipelines.eventlog import partition_for
-from pipelines.idempotency import client_request_id
+from pipelines.generation.idempotency import client_request_id
 from tests.e2e.test_log_outage import OUTAGE_CODES, Traffic
 from tests.helpers import Launched, wait_until
 from tests.kafka_cleanup import forget

@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from models import topics
-from pipelines import admin
-from pipelines.capacity import key_of
-from pipelines.placement import kv_by_worker, owners_by_topic
-from pipelines.tokencount import TokenCounter
+from pipelines.admin import commands as admin
+from pipelines.admission.capacity import key_of
+from pipelines.admission.placement import kv_by_worker, owners_by_topic
+from pipelines.generation.tokencount import TokenCounter
 from tests.fleet_pool import assert_ended_and_settled_once, starts_by_worker, warm_up
 from tests.helpers import wait_until
 from tests.slow_engine import SlowEngine

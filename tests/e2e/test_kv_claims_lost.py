@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from models import topics
-from pipelines import admin
-from pipelines.capacity import key_of
+from pipelines.admin import commands as admin
+from pipelines.admission.capacity import key_of
 from pipelines.eventlog import partition_for
 from tests.e2e.test_worker_lost import REVISION, Fleet, comes_back_and_reports, lost_and_settled_once
 from tests.conftest import make_log_opener

@@ -40,8 +40,8 @@ from models.capacity_inputs import model_shape_from_config
 from models.capacity_plan import kv_plan
 from models.prompt_class import PromptThresholds
 from models.settings import Settings
-from pipelines.capacity import key_of
-from pipelines.kv_claims import kv_limit
+from pipelines.admission.capacity import key_of
+from pipelines.admission.kv_claims import kv_limit
 from tests.conftest import make_log_opener
 from tests.engine_fixture import ENGINE_START_TIMEOUT_S, engine_processes
 from tests.fleet_pool import assert_ended_and_settled_once, of_tenant, outcomes_by_request, requests_of

@@ -25,7 +25,7 @@ import pytest
 
 from models import topics
 from models.events import decode
-from pipelines.idempotency import client_request_id
+from pipelines.generation.idempotency import client_request_id
 from tests.harness import MODEL_ALIAS
 from tests.helpers import Launched, wait_until
 from tests.kafka_broker import DedicatedBroker

@@ -8,7 +8,7 @@ import uuid
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipelines import admin
+from pipelines.admin import commands as admin
 from tests.harness import MODEL_ALIAS
 
 

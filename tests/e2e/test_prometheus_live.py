@@ -27,7 +27,7 @@ import yaml
 
 from models import topics
 from models.settings import Settings
-from pipelines import admin
+from pipelines.admin import commands as admin
 from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog import TopicSpec
 from tests.harness import MODEL_ALIAS, free_port, new_tenant

@@ -14,10 +14,10 @@ import uuid
 import pytest
 
 from models import topics
-from pipelines import admin
-from pipelines.idempotency import client_request_id
-from pipelines.submission import SubmitGeneration, submit_generation
-from pipelines.tokencount import TokenCounter
+from pipelines.admin import commands as admin
+from pipelines.generation.idempotency import client_request_id
+from pipelines.generation.submission import SubmitGeneration, submit_generation
+from pipelines.generation.tokencount import TokenCounter
 from tests.e2e.test_streaming import request_events
 from tests.fake_engine import FakeEngine
 from tests.harness import MODEL_ALIAS

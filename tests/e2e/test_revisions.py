@@ -11,7 +11,7 @@ import pytest
 
 from models import topics
 from models.events import decode
-from pipelines import admin
+from pipelines.admin import commands as admin
 from tests.e2e.test_streaming import request_events
 from tests.fake_engine import FakeEngine
 from tests.harness import MODEL_ALIAS

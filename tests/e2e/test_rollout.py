@@ -69,8 +69,8 @@ def test_a_canary_routes_each_user_stickily_steps_up_monotonically_and_rolls_bac
 
 
 def test_a_slow_candidate_is_rolled_back_by_its_guardrails_and_thin_traffic_pauses_inconclusive(platform):
-    from pipelines.admin import RegistryView
-    from pipelines.rollout_controller import RolloutController
+    from pipelines.admin.commands import RegistryView
+    from pipelines.rollouts.controller import RolloutController
     from tests.harness import Loop
     from tests.helpers import wait_until
 
@@ -166,9 +166,9 @@ def test_a_slow_candidate_is_rolled_back_by_its_guardrails_and_thin_traffic_paus
 def test_a_shadow_rollout_answers_from_stable_and_bills_the_copies_to_the_platform(platform):
     from models import topics
     from models.rollout import SHADOW_TENANT
-    from pipelines.admin import RegistryView
-    from pipelines.rollout_controller import RolloutController
-    from pipelines.similarity import Embedder, model_dir
+    from pipelines.admin.commands import RegistryView
+    from pipelines.rollouts.controller import RolloutController
+    from pipelines.cache.similarity import Embedder, model_dir
     from tests.fleet_pool import ledger_kinds, of_tenant, outcomes_by_request
     from tests.helpers import wait_until
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from models import topics
-from pipelines.capacity import QueueBound
+from pipelines.admission.capacity import QueueBound
 from tests.fleet_pool import assert_ended_and_settled_once, ledger_kinds, of_tenant, pool_of, warm_up
 
 PAUSE_S, TOKENS = 0.05, 20  # a request holds a slot about 1 s

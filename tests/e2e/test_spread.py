@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from models import topics
-from pipelines.placement import owners_by_topic
+from pipelines.admission.placement import owners_by_topic
 from tests.fleet_pool import (
     assert_ended_and_settled_once, decode_record, pool_of, requests_of, started_at, starts_by_worker,
 )
@@ -92,7 +92,7 @@ def test_one_tenants_flood_uses_every_worker_and_survivors_absorb_a_crashed_ones
 
 
 def test_a_shared_system_prompt_stays_on_one_worker_until_a_burst_spreads_it_evenly(platform):
-    """Prefix-cache affinity (`pipelines.placement`): light traffic of one tenant's system
+    """Prefix-cache affinity (`pipelines.admission.placement`): light traffic of one tenant's system
     prompt waits on one partition, so one worker (and its engine's prefix cache) serves it;
     a burst of the same prompt, many times the pool's slots, splits evenly over the three
     workers (max/min share at most 1.5)."""

@@ -12,8 +12,8 @@ import pytest
 from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationRequested, Position, PromptSubmitted
-from pipelines import admin
-from pipelines.routing import publish
+from pipelines.admin import commands as admin
+from pipelines.publish import publish
 from tests.e2e.test_admin_cli import ledgerlm, lines
 from tests.e2e.test_streaming import request_events
 from tests.harness import MODEL_ALIAS

@@ -16,9 +16,9 @@ import pytest
 from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationCompleted, Timings
-from pipelines import admin
+from pipelines.admin import commands as admin
 from pipelines.eventlog import EventLog, EventLogError
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.conftest import platform_both_ways
 from tests.engine_wrappers import PacedEngine
 from tests.harness import MODEL_ALIAS

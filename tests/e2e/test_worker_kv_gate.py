@@ -13,7 +13,7 @@ import pytest
 from models import topics
 from models.events import new_event
 from models.events_generation import GenerationQueued, GenerationRequested, Position, PromptSubmitted
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.conftest import make_log_opener
 from tests.fake_engine import FakeEngine, run_until
 from workers.engine_runner import EngineRunner

@@ -18,10 +18,10 @@ from models.events import new_event
 from models.events_generation import (
     GenerationCompleted, GenerationRequested, Position, PromptSubmitted, Timings,
 )
-from pipelines import admin
-from pipelines.admin import RegistryView
-from pipelines.admission import AdmissionProcessor
-from pipelines.routing import publish
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
+from pipelines.admission.processor import AdmissionProcessor
+from pipelines.publish import publish
 from tests.conftest import make_log_opener
 from tests.e2e.test_streaming import request_events
 from tests.fake_engine import FakeEngine

@@ -11,7 +11,7 @@ from models import topics
 from models.events import decode, new_event
 from models.events_generation import CancelRequested
 from pipelines.eventlog import EventLogError
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.helpers import wait_until
 from tests.conftest import make_log_opener
 from tests.fake_engine import FakeEngine, outcomes, queue_work, run_until

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from models import topics
-from pipelines import admin
+from pipelines.admin import commands as admin
 from tests.e2e.test_streaming import request_events
 from tests.harness import MODEL_ALIAS
 from tests.helpers import Launched, wait_until

@@ -28,7 +28,7 @@ from models import topics
 from models.events import decode, new_event
 from models.events_admin import TenantLimitsChanged
 from models.settings import Settings
-from pipelines import admin
+from pipelines.admin import commands as admin
 from pipelines.batch.dispatcher import BatchDispatcher, limits_from_settings
 from pipelines.batch.reconcile import DispatchOptions
 from pipelines.bootstrap import Bootstrap

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import pytest
 
 from models.settings import Settings
-from pipelines.audit.signing import HmacSigner
+from pipelines.signing import HmacSigner
 from pipelines.bootstrap import Bootstrap
 from pipelines.eventlog import EventLog
 from pipelines.eventlog.kafka_clients import close_all

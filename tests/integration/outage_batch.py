@@ -12,7 +12,7 @@ from typing import Iterator
 
 from models import batch_keys as keys
 from models.settings import Settings
-from pipelines import admin
+from pipelines.admin import commands as admin
 from pipelines.batch.schemas import read_table
 from pipelines.outage import is_transient
 from tests.harness import MODEL_ALIAS

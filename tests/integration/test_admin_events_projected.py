@@ -8,8 +8,10 @@ from datetime import datetime, timedelta, timezone
 
 import sqlalchemy as sa
 
-from pipelines import admin, admin_tenants
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+
+from pipelines.admin import tenants as admin_tenants
+from pipelines.admin.commands import RegistryView
 from pipelines.audit.digest import table_digests
 from pipelines.audit.replay import replay
 from pipelines.audit.verify import verify

@@ -21,12 +21,12 @@ from api.stream_hub import StreamHub
 from models import topics
 from models.events import decode
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
 from pipelines.eventlog import open_event_log
-from pipelines.idempotency import client_request_id
+from pipelines.generation.idempotency import client_request_id
 from pipelines.bootstrap import topic_specs
-from pipelines.tokencount import TokenCounter
+from pipelines.generation.tokencount import TokenCounter
 from tests.harness import MODEL_ALIAS, new_tenant, serve_api
 from tests.helpers import wait_until
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from models import topics
 from models.settings import Settings
 from pipelines.audit.seal import seal_heads
-from pipelines.audit.signing import dev_key_refused
+from pipelines.signing import dev_key_refused
 from pipelines.audit.verify import verify
 from tests.integration.conftest_ledger import EVERY, SIGNER
 from pipelines.projections.sql import open_projection_db

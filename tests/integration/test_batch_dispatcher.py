@@ -15,7 +15,7 @@ from models.batch_budget import BatchLimits
 from models.events import decode
 from models.events_batch import BatchChunkCompleted, BatchChunkQueued, BatchChunkStarted, BatchUsageSettled
 from models.registry import Principal
-from pipelines.admin import RegistryView, approve_model, create_tenant
+from pipelines.admin.commands import RegistryView, approve_model, create_tenant
 from pipelines.batch.dispatcher import BatchDispatcher
 from pipelines.batch.reconcile import DispatchOptions
 from pipelines.batch.submit import SubmitBatch, submit_batch, upload_file

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from models.events_batch import BatchChunkQueued, BatchUsageSettled
-from pipelines.admin_tenants import suspend_tenant
+from pipelines.admin.tenants import suspend_tenant
 from tests.integration.test_batch_dispatcher import TENANT, line, of, rig  # noqa: F401 - `rig` is a fixture
 
 

@@ -13,11 +13,11 @@ from models import topics
 from models.events import decode, new_event
 from models.events_fleet import Capacity, WorkerHeartbeat, WorkerJoined
 from models.events_generation import GenerationRequested, GenerationStarted, Position
-from pipelines import admin
-from pipelines.admin import PLATFORM, RegistryView
-from pipelines.admission import AdmissionProcessor
-from pipelines.capacity import QueueBound, key_of
-from pipelines.routing import publish
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import PLATFORM, RegistryView
+from pipelines.admission.processor import AdmissionProcessor
+from pipelines.admission.capacity import QueueBound, key_of
+from pipelines.publish import publish
 from tests.harness import new_tenant
 from tests.helpers import wait_until
 

@@ -12,10 +12,10 @@ import pytest
 from models import topics
 from models.events import new_event
 from models.events_generation import BudgetReserved, GenerationCompleted, GenerationStarted, Timings
-from pipelines.admission import rebuild
+from pipelines.admission.processor import rebuild
 from pipelines.eventlog import partition_for
-from pipelines.lost_workers import note_running
-from pipelines.routing import publish
+from pipelines.admission.lost_workers import note_running
+from pipelines.publish import publish
 from tests.conftest import make_log_opener
 
 

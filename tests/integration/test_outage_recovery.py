@@ -12,13 +12,13 @@ from kafka import errors as kerr
 from models import topics
 from models.events import decode, new_event
 from models.events_generation import GenerationCompleted, GenerationRequested, Position, Timings
-from pipelines import admin
-from pipelines.admin import RegistryView
-from pipelines.admission import AdmissionProcessor
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
+from pipelines.admission.processor import AdmissionProcessor
 from pipelines.eventlog import open_event_log
 from pipelines.bootstrap import topic_specs
 from pipelines.outage import Readiness
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.harness import new_tenant
 from tests.helpers import wait_until
 

@@ -18,8 +18,8 @@ import httpx
 from api.app import create_app
 from migrations.runner import upgrade
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
 from pipelines.audit.digest import table_digests
 from pipelines.audit.replay import replay
 from pipelines.bootstrap import topic_specs

@@ -17,11 +17,12 @@ from models import topics
 from models.events import new_event
 from models.events_generation import GenerationCompleted, GenerationRequested, Position, PromptSubmitted, Timings
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admin import RegistryView
-from pipelines.admission import AdmissionProcessor
-from pipelines.metrics import AdmissionMetrics, MetricsServer, dispatcher_metrics, projector_metrics
-from pipelines.routing import publish
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
+from pipelines.admission.processor import AdmissionProcessor
+from pipelines.admission.metrics import AdmissionMetrics
+from pipelines.metrics import MetricsServer, dispatcher_metrics, projector_metrics
+from pipelines.publish import publish
 from tests.fake_engine import FakeEngine, queue_work, run_until
 from tests.harness import api_services, isolated_log_opener, serve_api
 from tests.helpers import wait_until
@@ -174,7 +175,7 @@ async def _record(stats: EngineStats, scheduler, iteration) -> None:
 
 
 def test_projector_serves_its_lag_per_projection(tmp_path, open_log):
-    from api.cli_ledger import _runner
+    from api.cli.ledger import _runner
 
     settings = Settings(home=tmp_path / "home")
     log = open_log()

@@ -1,6 +1,6 @@
 """`GET /v1/usage` and `GET /v1/audit/events` over real projections: a tenant sees its
 own usage and events only, a platform auditor sees all, and no prompt or completion
-text ever appears. Keys are real (issued through `pipelines.admin` onto an embedded log
+text ever appears. Keys are real (issued through `pipelines.admin.commands` onto an embedded log
 that the API's `RegistryView` reads); the projections are on PostgreSQL and SQLite."""
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from models import topics
 from models.events import new_event
 from models.events_generation import PromptSubmitted, TokensEmitted
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
 from pipelines.projections.queries import generation_status
 from pipelines.projections.sql import open_projection_db
-from pipelines.routing import publish
-from pipelines.tokencount import TokenCounter
+from pipelines.publish import publish
+from pipelines.generation.tokencount import TokenCounter
 from tests.integration.conftest_ledger import project
 from tests.ledger_workload import BASE, Workload, append_all
 

@@ -94,7 +94,7 @@ def test_transactional_writes_are_projected_and_their_markers_stepped_over(ledge
     """The admission processor writes the ledger with `commit_with` (a Kafka transaction,
     which leaves a marker after its records): the projector still catches up, lag 0."""
     from models import topics
-    from pipelines.routing import to_outputs
+    from pipelines.publish import to_outputs
 
     log = ledger_log()
     workload = Workload(seed=31, tenants=2)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipelines.admin import RegistryView
+from pipelines.admin.commands import RegistryView
 from tests.conftest import make_log_opener
 from tests.harness import new_tenant
 from tests.helpers import wait_until

@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from models.tables import admin_changes
-from pipelines import admin
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
 from pipelines.projections.queries import audit_events
 from tests.integration.conftest_ledger import project
 

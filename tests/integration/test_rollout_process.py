@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-from pipelines import admin, rollouts
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+
+from pipelines.rollouts import commands as rollouts
+from pipelines.admin.commands import RegistryView
 from pipelines.bootstrap import Bootstrap
 from models.settings import Settings
 from tests.helpers import Launched

@@ -3,8 +3,10 @@ rollout's id, in the order the registry applied them (the routing table and the 
 the same), and a replay of the log rebuilds the same tables."""
 from __future__ import annotations
 
-from pipelines import admin, rollouts
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+
+from pipelines.rollouts import commands as rollouts
+from pipelines.admin.commands import RegistryView
 from pipelines.audit.digest import table_digests
 from pipelines.audit.replay import replay
 from pipelines.projections.queries import rollout_history

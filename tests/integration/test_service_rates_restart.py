@@ -13,12 +13,12 @@ from models import topics
 from models.events import decode, new_event
 from models.events_fleet import Capacity, WorkerHeartbeat, WorkerJoined
 from models.events_generation import GenerationCompleted, GenerationRequested, GenerationStarted, Position, Timings
-from pipelines import admin
-from pipelines.admin import PLATFORM, RegistryView
-from pipelines.admission import AdmissionProcessor
-from pipelines.capacity import key_of
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import PLATFORM, RegistryView
+from pipelines.admission.processor import AdmissionProcessor
+from pipelines.admission.capacity import key_of
 from pipelines.eventlog import partition_for
-from pipelines.routing import publish
+from pipelines.publish import publish
 from tests.harness import new_tenant
 from tests.helpers import wait_until
 

@@ -10,7 +10,7 @@ import uuid
 
 
 from models.settings import Settings
-from pipelines.tokencount import TokenCounter
+from pipelines.generation.tokencount import TokenCounter
 from tests.engine_fixture import ENGINE_START_TIMEOUT_S, engine_processes
 from workers.engine import EngineRequest
 from workers.engine_runner import EngineRunner

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from models import batch_keys as keys
-from pipelines import admin
+from pipelines.admin import commands as admin
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
 pytest_plugins = ["tests.integration.batch_fixtures", "tests.small_model_fixture"]

@@ -11,7 +11,7 @@ chat requests with a system prompt of their own (`--system-chars` long) and a sh
 question, streamed, open loop at `--rate` requests a second for `--duration-s`, tenant
 chosen at random. The same traffic runs twice on fresh platforms and cold caches: with
 `work_affinity` on (requests name their tenant and system prompt; admission places them
-by worker, `pipelines.placement`) and off (placed by the request id's hash, as before).
+by worker, `pipelines.admission.placement`) and off (placed by the request id's hash, as before).
 Reported: client TTFT p50/p95/p99, the share of prompt blocks found in the engine's cache,
 and the max/min of requests per worker. Then, with affinity on, a burst: `--burst`
 requests of one tenant and system prompt sent at once; max/min of requests per worker.

@@ -143,7 +143,7 @@ def main() -> int:
         settings = Settings(home=home, database_url=url, bootstrap_token="bench-" + uuid.uuid4().hex)
         opener = make_log_opener("embedded", home)
         log = opener()
-        from pipelines.admin import RegistryView
+        from pipelines.admin.commands import RegistryView
 
         view = RegistryView(log)
         for i in range(args.tenants):

@@ -171,8 +171,8 @@ def console_users(base_url: str, users: list[dict], start: str, end: str, think_
 def build(args, home: Path):
     from migrations.runner import upgrade
     from models.settings import Settings
-    from pipelines import admin
-    from pipelines.audit.signing import signer_from_key
+    from pipelines.admin import commands as admin
+    from pipelines.signing import signer_from_key
     from pipelines.bootstrap import Bootstrap
     from pipelines.projections import all_projections
     from pipelines.projections.runner import ProjectionRunner

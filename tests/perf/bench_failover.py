@@ -67,7 +67,7 @@ def kafka_url() -> None:
 
 def tenants(view, count: int) -> list[tuple[str, str]]:
     """`count` new tenants and a key of each, each allowed priority high (half its load)."""
-    from pipelines import admin
+    from pipelines.admin import commands as admin
 
     made: list[tuple[str, str]] = []
     while len(made) < count:

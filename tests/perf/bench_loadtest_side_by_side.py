@@ -129,7 +129,7 @@ def platform_server(log: str, model: Path, home: Path, args):
 
 
 def run_target(name: str, server, workload_path: Path, args, out: Path) -> dict:
-    from api.cli_loadtest import apply_options
+    from api.cli.loadtest import apply_options
     from api.loadtest import load, report, run
     from api.loadtest.workload import Mode
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.admin import Registry, RegistryView  # noqa: E402
+from pipelines.admin.commands import Registry, RegistryView  # noqa: E402
 from tests.harness import isolated_log_opener  # noqa: E402
 from tests.perf.results import record_run  # noqa: E402
 

@@ -30,7 +30,7 @@ from sqlalchemy import create_engine  # noqa: E402
 
 from migrations.runner import upgrade  # noqa: E402
 from pipelines.audit.digest import table_digests  # noqa: E402
-from pipelines.audit.signing import HmacSigner  # noqa: E402
+from pipelines.signing import HmacSigner  # noqa: E402
 from pipelines.audit.verify import verify  # noqa: E402
 from pipelines.projections import all_projections  # noqa: E402
 from pipelines.projections.runner import ProjectionRunner  # noqa: E402

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.key_terms import agree
-from pipelines.semantic_cache import SemanticCache
-from pipelines.similarity import Embedder, model_dir
+from pipelines.cache.key_terms import agree
+from pipelines.cache.semantic import SemanticCache
+from pipelines.cache.similarity import Embedder, model_dir
 from tests.perf.results import record_run
 
 HERE = Path(__file__).parent
@@ -92,7 +92,7 @@ def lookup_latency(size: int, dim: int = 384, probes: int = 2000) -> dict:
 
 def paraphrase_rates(embedder, rows: list[dict]) -> dict:
     """Hit and false-hit rates per threshold, as the cache decides (similarity at least the
-    threshold and the key terms agreeing, `pipelines.key_terms`) and by similarity alone."""
+    threshold and the key terms agreeing, `pipelines.cache.key_terms`) and by similarity alone."""
     anchors = embedder.embed([r["anchor"] for r in rows])
     probes = embedder.embed([r["probe"] for r in rows])
     sims = [float(np.dot(a, b)) for a, b in zip(anchors, probes)]

@@ -88,7 +88,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from api.demo import _wait_http
-    from pipelines import admin
+    from pipelines.admin import commands as admin
     from pipelines.bootstrap import Bootstrap
     from models.settings import Settings
     from tests.harness import free_port, new_tenant

@@ -57,7 +57,7 @@ def deployed(path: str, model: Path, home: Path, *, max_seqs: int, take_ahead: i
     processes' own last."""
     from api.demo import _wait_http, beside_worker
     from models.settings import Settings
-    from pipelines import admin
+    from pipelines.admin import commands as admin
     from pipelines.bootstrap import open_log
     from tests.harness import MODEL_ALIAS, free_port
     from tests.helpers import Launched

@@ -12,7 +12,7 @@ from models.events_generation import (
 )
 from models.registry import Registry
 from models.reservations import ReservationBook
-from pipelines.admission import ServiceEstimate, expire_overdue, handle_requested, handle_terminal
+from pipelines.admission.processor import ServiceEstimate, expire_overdue, handle_requested, handle_terminal
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 GRACE = timedelta(seconds=5)

@@ -14,7 +14,7 @@ from models import topics
 from models.events import encode, new_event
 from models.events_generation import GenerationRequested, GenerationStarted, Position, TokensEmitted
 from pipelines.eventlog import EventLog, Message, Record, partition_for
-from pipelines.request_index import RequestIndex
+from pipelines.generation.request_index import RequestIndex
 from tests.unit.test_api_units import STREAM
 
 

@@ -16,8 +16,8 @@ from models.events_generation import (
     GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationRejected, GenerationStarted, Timings,
     TokensEmitted,
 )
-from pipelines import idempotency
-from pipelines.idempotency import Claim, Decision, decide
+from pipelines.generation import idempotency
+from pipelines.generation.idempotency import Claim, Decision, decide
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 

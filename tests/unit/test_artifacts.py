@@ -12,9 +12,10 @@ import pytest
 
 from models.settings import Settings
 from pipelines.bootstrap import topic_specs
-from pipelines import admin, artifacts
-from pipelines.admin import AdminConflict, AdminError, RegistryView
-from pipelines.audit.signing import Ed25519Signer
+from pipelines import artifacts
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import AdminConflict, AdminError, RegistryView
+from pipelines.signing import Ed25519Signer
 from pipelines.eventlog.embedded import EmbeddedEventLog
 from workers.revision import check_artifacts
 

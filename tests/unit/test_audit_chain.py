@@ -7,8 +7,8 @@ import hashlib
 
 import pytest
 
-from pipelines.audit.chain import event_hash, genesis, next_link
-from pipelines.audit.signing import (
+from models.audit_chain import event_hash, genesis, next_link
+from pipelines.signing import (
     Ed25519Signer, Ed25519Verifier, HmacSigner, checkpoint_message, signer_from_key,
 )
 from pipelines.audit.verify import VerifyReport, _walk

@@ -14,8 +14,8 @@ from models.events_admin import (
 from models.quota import Limits
 from models.registry import hash_secret
 from models.reservations import ReservationBook
-from pipelines.admission import handle_requested
-from pipelines.suspension import SuspensionSweep
+from pipelines.admission.processor import handle_requested
+from pipelines.admission.suspension import SuspensionSweep
 from tests.unit.test_admission import GRACE, T0, registry, requested, types
 
 

@@ -16,9 +16,9 @@ from models.events import new_event
 from models.events_generation import BudgetReserved, GenerationAdmitted, UsageSettled
 from models.fleet import PoolCapacity
 from models.registry import Alias, Registry
-from pipelines.autoscaling_signals import Demand, kv_pressure, pool_of, replica_need
-from pipelines.capacity import CapacityBook, QueueBound, ServiceRates, key_of
-from pipelines.metrics import AdmissionMetrics
+from pipelines.admission.signals import Demand, kv_pressure, pool_of, replica_need
+from pipelines.admission.capacity import CapacityBook, QueueBound, ServiceRates, key_of
+from pipelines.admission.metrics import AdmissionMetrics
 
 REV = "tiny@abc"
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)

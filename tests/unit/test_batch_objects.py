@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import openai.types as oa
 
-from api.cli_batch import progress_line
+from api.cli.batch import progress_line
 from api.routes.batch_deps import batch_object, file_object, page
 from models.batch import BatchBook
 from models.events import new_event

@@ -128,7 +128,7 @@ def test_the_batch_queue_is_configured_from_settings(tmp_path):
 
 
 def test_the_registry_view_reads_the_log_it_is_given(tmp_path):
-    from pipelines import admin
+    from pipelines.admin import commands as admin
 
     platform = Bootstrap(settings(tmp_path))
     with platform.event_log() as log:

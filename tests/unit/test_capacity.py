@@ -16,12 +16,12 @@ from models.events_fleet import Capacity
 from models.fleet import PoolCapacity, WorkerState
 from models.reservations import ReservationBook
 from models.settings import Settings
-from pipelines.admission import handle_requested
+from pipelines.admission.processor import handle_requested
 from pipelines.bootstrap import Bootstrap, topic_specs
-from pipelines.capacity import CapacityBook, Floors, Outlook, QueueBound, ServiceRates, check, estimate, key_of
+from pipelines.admission.capacity import CapacityBook, Floors, Outlook, QueueBound, ServiceRates, check, estimate, key_of
 from pipelines.eventlog import open_event_log
-from pipelines.routing import publish
-from pipelines.service_readback import read_back_rates
+from pipelines.publish import publish
+from pipelines.admission.service_readback import read_back_rates
 from tests.unit.test_admission import GRACE, REV, T0, registry, requested, types
 
 KEY = key_of(None, REV)

@@ -1,9 +1,9 @@
-"""`pipelines.catch_up.CatchUp`: when a member last read all of its input."""
+"""`pipelines.admission.catch_up.CatchUp`: when a member last read all of its input."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from pipelines.catch_up import CatchUp
+from pipelines.admission.catch_up import CatchUp
 
 
 class Member:

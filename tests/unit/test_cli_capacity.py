@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
+from api.cli.main import main
 
 pytest_plugins = ["tests.small_model_fixture"]
 

@@ -99,13 +99,13 @@ def test_cpus_this_process_may_not_use_are_refused_and_nothing_moves():
 
 SERVE_PROBE = AFFINITIES + """
     import json, os
-    import api.cli
+    import api.cli.main
     import workers.__main__ as worker_main
     seen = {}
     def record(*_args, **_kwargs):
         seen["cpus"] = affinities()
         return 0
-    api.cli._serve_api = api.cli._serve_admission = worker_main.serve_worker = record
+    api.cli.main._serve_api = api.cli.main._serve_admission = worker_main.serve_worker = record
     {call}
     print(json.dumps(seen))
 """
@@ -114,7 +114,7 @@ SERVE_PROBE = AFFINITIES + """
 @pytest.mark.parametrize("process", ["api", "admission"])
 def test_the_api_and_admission_run_where_the_setting_says(process):
     _, second = two_cpus()
-    result = in_child(SERVE_PROBE.replace("{call}", f"assert api.cli.main(['serve', '{process}']) == 0"),
+    result = in_child(SERVE_PROBE.replace("{call}", f"assert api.cli.main.main(['serve', '{process}']) == 0"),
                       LEDGERLM_CPUS=str(second))
     assert result["cpus"] == [[second]]
 
@@ -223,7 +223,7 @@ def test_cpus_a_process_may_not_use_stop_it_with_a_clear_error_before_it_starts(
 def test_every_serving_process_is_a_role_process_tuning_knows():
     """`ledgerlm serve X` tunes itself as role X: a process added without a role fails here,
     not when it starts."""
-    from api.cli import build_parser
+    from api.cli.main import build_parser
 
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     processes = next(a for a in serve._actions if a.dest == "process").choices

@@ -93,7 +93,7 @@ def switch_interval():
 
 
 def test_every_serving_process_sets_the_configured_switch_interval(monkeypatch, switch_interval):
-    import api.cli
+    import api.cli.main
     import workers.__main__ as worker_main
 
     seen = {}
@@ -106,12 +106,12 @@ def test_every_serving_process_sets_the_configured_switch_interval(monkeypatch, 
         return serve
 
     monkeypatch.setenv("LEDGERLM_SWITCH_INTERVAL_MS", "2.5")
-    monkeypatch.setattr(api.cli, "_serve_api", record("api"))
-    monkeypatch.setattr(api.cli, "_serve_admission", record("admission"))
+    monkeypatch.setattr(api.cli.main, "_serve_api", record("api"))
+    monkeypatch.setattr(api.cli.main, "_serve_admission", record("admission"))
     monkeypatch.setattr(worker_main, "serve_worker", record("worker"))
     sys.setswitchinterval(0.005)
-    assert api.cli.main(["serve", "api"]) == 0
-    assert api.cli.main(["serve", "admission"]) == 0
+    assert api.cli.main.main(["serve", "api"]) == 0
+    assert api.cli.main.main(["serve", "admission"]) == 0
     assert worker_main.main(["serve", "worker"]) == 0
     assert seen == {"api": pytest.approx(0.0025), "admission": pytest.approx(0.0025),
                     "worker": pytest.approx(0.0025)}

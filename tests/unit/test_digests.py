@@ -7,7 +7,7 @@ import hashlib
 
 from models.digests import TenantDigests
 from models.settings import Settings
-from pipelines import idempotency
+from pipelines.generation import idempotency
 
 
 def test_a_digest_is_stable_per_tenant_and_unguessable_without_the_secret():

@@ -12,7 +12,7 @@ from jinja2 import ChoiceLoader, DictLoader
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.cli_fleet import table
+from api.cli.fleet import table
 from api.console.render import environment
 from api.fleet_report import fleet_report
 from api.metrics import ApiMetrics

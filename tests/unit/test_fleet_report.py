@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from api.cli_fleet import table
+from api.cli.fleet import table
 from api.fleet_report import fleet_report
 from models.events_fleet import Capacity, WorkerDraining, WorkerHeartbeat, WorkerJoined, WorkerLeft
 from models.fleet import FleetState

@@ -1,4 +1,4 @@
-"""The rules that decide which generation a request means (`pipelines.idempotency`):
+"""The rules that decide which generation a request means (`pipelines.generation.idempotency`):
 ids before submitting, the race between two submissions of one key after, and finding a
 generation by either of its ids. Over a fake index and a log that only records."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from models import topics
 from models.events import decode
 from models.events_generation import CancelRequested, GenerationRequested, Position
-from pipelines import idempotency
-from pipelines.idempotency import KeyReused, Replay, RequestIdInUse, SharedRequest, identify, resolve_key_race
-from pipelines.request_index import RequestInfo
-from pipelines.submission import SubmitGeneration, Submitted, request_cancel
+from pipelines.generation import idempotency
+from pipelines.generation.idempotency import KeyReused, Replay, RequestIdInUse, SharedRequest, identify, resolve_key_race
+from pipelines.generation.request_index import RequestInfo
+from pipelines.generation.submission import SubmitGeneration, Submitted, request_cancel
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 BODY = {"model_alias": "tiny", "input": "hi"}

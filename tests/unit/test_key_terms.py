@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.key_terms import agree
+from pipelines.cache.key_terms import agree
 
 AGREE = [
     ("What is the boiling point of water at sea level?", "At sea level, what is the boiling point of water?"),

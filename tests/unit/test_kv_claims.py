@@ -1,4 +1,4 @@
-"""KV claims (`pipelines.kv_claims`): the claim arithmetic, claims held per pool and worker
+"""KV claims (`pipelines.admission.kv_claims`): the claim arithmetic, claims held per pool and worker
 and released once, admission queueing within the deadline or shedding `kv_capacity`
 (normal before high), capacity lowered while engines preempt, placement by free KV, and the
 setting that bounds it all."""
@@ -20,11 +20,11 @@ from models.events_generation import GenerationRejected, UsageSettled
 from models.fleet import PoolCapacity, WorkerState
 from models.reservations import Reservation, ReservationBook
 from models.settings import Settings
-from pipelines.admission import handle_requested
-from pipelines.capacity import CapacityBook, Outlook, QueueBound, ServiceRates, check, key_of
+from pipelines.admission.processor import handle_requested
+from pipelines.admission.capacity import CapacityBook, Outlook, QueueBound, ServiceRates, check, key_of
 from pipelines.eventlog import partition_for
-from pipelines.kv_claims import KvClaims, KvOutlook, PreemptionGuard, claim_of, kv_check, kv_wait
-from pipelines.placement import Placement, kv_by_worker, probe_order
+from pipelines.admission.kv_claims import KvClaims, KvOutlook, PreemptionGuard, claim_of, kv_check, kv_wait
+from pipelines.admission.placement import Placement, kv_by_worker, probe_order
 from tests.unit.test_admission import GRACE, REV, T0, registry, requested
 
 KEY = key_of(None, REV)

@@ -9,7 +9,7 @@ import pytest
 from models.events_fleet import Capacity
 from models.fleet import WorkerState
 from models import topics
-from pipelines.submission import SubmissionError, SubmitGeneration, _fits, largest_kv
+from pipelines.generation.submission import SubmissionError, SubmitGeneration, _fits, largest_kv
 from tests.unit.test_admission import REV, T0, registry
 
 

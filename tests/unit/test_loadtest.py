@@ -154,8 +154,8 @@ def test_the_knee_is_the_last_step_before_the_slo_breaks_or_throughput_stops_ris
 def test_the_cli_registers_loadtest():
     import argparse
 
-    from api.cli import build_parser
-    from api.cli_loadtest import apply_options, register
+    from api.cli.main import build_parser
+    from api.cli.loadtest import apply_options, register
 
     parser = build_parser()
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -12,9 +12,9 @@ from models.events_fleet import Capacity
 from models.events_generation import GenerationStarted
 from models.fleet import WorkerState
 from models.reservations import ReservationBook
-from pipelines.admission import end_lost, handle_requested, handle_terminal
+from pipelines.admission.processor import end_lost, handle_requested, handle_terminal
 from pipelines.fleet import READ_GAP_S, FleetView
-from pipelines.lost_workers import FleetWatch, gone_why, lost_generations, observe
+from pipelines.admission.lost_workers import FleetWatch, gone_why, lost_generations, observe
 from tests.unit.test_admission import GRACE, REV, T0, completed, registry, requested, types
 
 LOST_AFTER_S = 3.0

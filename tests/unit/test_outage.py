@@ -164,7 +164,7 @@ class _FrozenLog:
 
 
 def test_callers_waiting_for_a_look_at_a_frozen_log_fail_with_it_instead_of_queueing():
-    from pipelines.admin import RegistryView
+    from pipelines.admin.commands import RegistryView
 
     tail = _FrozenAdminTail()
     view = RegistryView(_FrozenLog(tail))

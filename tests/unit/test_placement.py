@@ -1,4 +1,4 @@
-"""Placement of queued work on partitions (`pipelines.placement`): a prefix's requests stay
+"""Placement of queued work on partitions (`pipelines.admission.placement`): a prefix's requests stay
 on one partition while they are few, a burst of them spreads over every worker within the
 slack, whichever way the partitions are assigned, and what ends is counted out."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from pipelines.eventlog import partition_for
-from pipelines.placement import Placement, owners_by_topic, probe_order
+from pipelines.admission.placement import Placement, owners_by_topic, probe_order
 from models.fleet import WorkerState
 
 P = 32
@@ -123,7 +123,7 @@ def test_owners_come_from_the_workers_heartbeats():
 
 def test_a_requests_affinity_is_its_tenant_and_shared_prefix_and_carries_no_text():
     from models.digests import TenantDigests
-    from pipelines.submission import AFFINITY_PREFIX_CHARS, SubmitGeneration, prefix_affinity
+    from pipelines.generation.submission import AFFINITY_PREFIX_CHARS, SubmitGeneration, prefix_affinity
     digests = TenantDigests("secret")
 
     def chat(*messages):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from models.events_generation import GenerationFailed
-from pipelines.capacity import CapacityBook, key_of
+from pipelines.admission.capacity import CapacityBook, key_of
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 A, B = key_of(None, "tiny@1"), key_of("dedicated", "tiny@2")

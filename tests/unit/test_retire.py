@@ -10,8 +10,8 @@ from models.events_admin import ModelAliasDeleted, ModelAliasSet, ModelRevisionA
 from models.events_generation import GenerationRejected
 from models.registry import Principal, Registry
 from models.reservations import ReservationBook
-from pipelines.admission import handle_requested, handle_terminal
-from pipelines.submission import SubmissionError, SubmitGeneration, submit_generation
+from pipelines.admission.processor import handle_requested, handle_terminal
+from pipelines.generation.submission import SubmissionError, SubmitGeneration, submit_generation
 from tests.unit.test_admission import GRACE, REV, T0, completed, registry, requested, types
 
 OTHER = "tiny@def"

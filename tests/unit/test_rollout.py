@@ -15,8 +15,9 @@ from models.events_rollout import (
 )
 from models.registry import Registry
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, stickiness_key
-from pipelines import admin, rollouts
-from pipelines.admin import AdminConflict, AdminError, AdminNotFound, RegistryView
+from pipelines.admin import commands as admin
+from pipelines.rollouts import commands as rollouts
+from pipelines.admin.commands import AdminConflict, AdminError, AdminNotFound, RegistryView
 from pipelines.bootstrap import topic_specs
 from pipelines.eventlog.embedded import EmbeddedEventLog
 from tests.unit.test_admission import REV, T0, registry
@@ -188,7 +189,7 @@ class Serving:
 
 def test_a_submission_pins_the_arm_its_caller_is_on_and_stays_off_a_candidate_nobody_serves(view):
     from models.registry import Principal
-    from pipelines.submission import SubmitGeneration, submit_generation
+    from pipelines.generation.submission import SubmitGeneration, submit_generation
     rollouts.start(view, alias="tiny", candidate_revision=CANDIDATE, actor="ops", steps=(50.0, 100.0),
                    rollout_id="ro_sub")
     registry = view.refresh()
@@ -217,7 +218,7 @@ def test_a_submission_pins_the_arm_its_caller_is_on_and_stays_off_a_candidate_no
 def test_the_cli_starts_steps_shows_and_rolls_back_a_rollout_as_json_lines(tmp_path, monkeypatch, capsys):
     import json
 
-    import api.cli
+    import api.cli.main
     from pipelines.bootstrap import Bootstrap
     from models.settings import Settings
     for name in ("LEDGERLM_EVENT_LOG_URL", "LEDGERLM_EVENT_LOG_NAMESPACE"):
@@ -231,7 +232,7 @@ def test_the_cli_starts_steps_shows_and_rolls_back_a_rollout_as_json_lines(tmp_p
         admin.set_alias(v, alias="tiny", model_revision=REV, actor="ops")
 
     def cli(*argv) -> tuple[int, list[dict], str]:
-        code = api.cli.main(list(argv))
+        code = api.cli.main.main(list(argv))
         out = capsys.readouterr()
         return code, [json.loads(line) for line in out.out.splitlines()], out.err
 
@@ -272,8 +273,8 @@ def test_a_shadow_rollout_serves_stable_and_copies_a_share_to_the_candidate_on_t
     from models.registry import Principal
     from models.rollout import SHADOW_TENANT
     from models.reservations import ReservationBook
-    from pipelines.admission import handle_requested
-    from pipelines.submission import SubmitGeneration, submit_generation
+    from pipelines.admission.processor import handle_requested
+    from pipelines.generation.submission import SubmitGeneration, submit_generation
 
     rollouts.start(view, alias="tiny", candidate_revision=CANDIDATE, actor="ops", mode="shadow", steps=(50.0, 100.0),
                    rollout_id="ro_shadow")
@@ -350,7 +351,7 @@ def test_a_replaced_candidate_restarts_the_rollout_at_its_first_step_and_a_stale
 
 
 def test_eval_tables_are_recorded_whole_or_not_at_all_and_the_latest_row_wins(view):
-    from pipelines import evals
+    from pipelines.rollouts import evals
 
     rows = evals.parse_table("task,model_revision,score,samples\nsummarize,%s,0.8,200\nsummarize,%s,0.7,200\n"
                              % (REV, CANDIDATE))

@@ -8,7 +8,7 @@ from datetime import timedelta
 from models.events_generation import GenerationCancelled, GenerationCompleted, GenerationFailed, Timings
 from models.events_rollout import Guardrails
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, RolloutState
-from pipelines.rollout_analysis import Sample, judge, sample_of
+from pipelines.rollouts.analysis import Sample, judge, sample_of
 from tests.unit.test_admission import T0
 
 

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from pipelines import semantic_cache as sc
-from pipelines.semantic_cache import HashingEmbedder, SemanticCache, cacheable, partition_key
+from pipelines.cache import semantic as sc
+from pipelines.cache.semantic import HashingEmbedder, SemanticCache, cacheable, partition_key
 
 SYSTEM = {"system": "You are terse.", "tools": None, "response_format": None, "turns": []}
 GREEDY = {"temperature": 0.0, "max_output_tokens": 64}

@@ -2,7 +2,7 @@
 unrelated sentence, a text is itself, and the model unpacks once."""
 from __future__ import annotations
 
-from pipelines.similarity import Embedder, model_dir
+from pipelines.cache.similarity import Embedder, model_dir
 
 
 def test_a_paraphrase_is_nearer_than_an_unrelated_text(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.fleet import FleetView
-from pipelines.request_index import RequestIndex
+from pipelines.generation.request_index import RequestIndex
 
 
 class PlacedTail:

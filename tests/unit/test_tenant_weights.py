@@ -13,7 +13,7 @@ from models.events_generation import GenerationQueued
 from models.quota import Limits
 from models.registry import Registry
 from models.reservations import ReservationBook
-from pipelines.admission import handle_requested
+from pipelines.admission.processor import handle_requested
 from tests.golden.samples import HERE
 from tests.unit.test_admission import GRACE, T0, registry, requested, types
 from workers.fair_share import FairQueue, Headroom, Item

@@ -11,10 +11,10 @@ from api.app import create_app
 from api.deps import Services
 from api.stream_hub import StreamHub
 from models.settings import Settings
-from pipelines import admin
-from pipelines.admin import RegistryView
+from pipelines.admin import commands as admin
+from pipelines.admin.commands import RegistryView
 from pipelines.bootstrap import open_log
-from pipelines.tokencount import TokenCounter
+from pipelines.generation.tokencount import TokenCounter
 from tests.helpers import wait_until
 from workers.tiny_model import make_tiny_model
 

@@ -10,7 +10,7 @@ from models import topics
 from models.events import caused_by, decode, new_event
 from models.events_generation import GenerationQueued, GenerationRequested, GenerationStarted, Position
 from pipelines.eventlog import partition_for
-from pipelines.routing import beside, key_for, to_message
+from pipelines.publish import beside, key_for, to_message
 
 REV = "tiny@1"
 

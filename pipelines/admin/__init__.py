@@ -1,0 +1,1 @@
+"""The registry's admin commands (models, tenants, routers) and the view they are checked against."""

@@ -1,0 +1,1 @@
+"""The semantic cache: lookups, similarity, key terms and its admin commands."""

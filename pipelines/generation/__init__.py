@@ -1,0 +1,1 @@
+"""A generation's way in: submission, idempotency, the request index and token counting."""

@@ -1,0 +1,193 @@
+"""`Idempotency-Key` for generations: the same key and body within 24 h is the same
+generation; the same key with another body is a conflict.
+
+The choice, written down: the record is the log itself, no table. A keyed request's
+`GenerationRequested` carries `idempotency_key_sha256` (of tenant and key) and
+`request_sha256` (of route and body), so every API replica, and an API after a restart,
+learns a key's first use by reading the tenant's partition of the requests topic
+(`pipelines.generation.request_index`). Being one partition, it orders all uses of a key: the first
+by offset is the claim, and that holds across replicas.
+
+Two replicas that both miss the claim (a retry racing its original) still agree: a keyed
+request's id is derived from (tenant, key, UTC day of first use), so both submit the
+same request id and the admission processor decides it once. Each then re-reads the
+partition up to its own record, and a loser with another body gets the 409. The day in
+the id only makes a key reusable once its claim has aged out.
+
+`identify` (before submitting) and `resolve_key_race` (after) are the two steps a
+submission takes; the API only translates their answers into HTTP.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from models.events import canonical
+from pipelines.eventlog import EventLog
+from pipelines.generation.submission import SubmitGeneration, Submitted, request_cancel
+
+if TYPE_CHECKING:  # the index imports this module for `Claim` and `WINDOW`
+    from pipelines.generation.request_index import RequestInfo
+
+WINDOW = timedelta(hours=24)
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces, as Stripe and OpenAI accept
+
+
+class IdempotencyKeyInvalid(ValueError):
+    pass
+
+
+class KeyReused(Exception):
+    """The key was claimed by a request with another body."""
+
+
+class RequestIdInUse(Exception):
+    """A generation already has the request_id its client chose."""
+
+    def __init__(self, chosen: str):
+        super().__init__(chosen)
+        self.chosen = chosen
+
+
+def validate_key(key: str) -> str:
+    if not _KEY.match(key):
+        raise IdempotencyKeyInvalid("Idempotency-Key must be 1 to 255 printable ASCII characters without spaces")
+    return key
+
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def key_sha256(tenant_id: str, key: str) -> str:
+    """The key as stored on the log: hashed with its tenant, so equal keys of two tenants differ."""
+    return _sha("idempotency-key", tenant_id, key)
+
+
+def request_sha256(route: str, body: dict, key: bytes | None = None) -> str:
+    """What 'the same body' means: the route and the parsed body in canonical JSON. With
+    the tenant's digest `key` (models.digests), as the API stores it: the body holds the
+    prompt, and a plain hash of it would confirm a guessed one."""
+    if key is None:
+        return _sha("request", route, canonical(body).decode())
+    return hmac.new(key, "\0".join(("request", route, canonical(body).decode())).encode(), hashlib.sha256).hexdigest()
+
+
+def client_request_id(tenant_id: str, request_id: str) -> str:
+    """The id on the log of a generation whose client chose `request_id`. Clients of two
+    tenants may choose the same one; the log (admission, workers, vLLM) needs ids unique
+    across tenants, so the tenant goes into it. The API accepts either form."""
+    return "gen_" + _sha("client-request-id", tenant_id, request_id)[:32]
+
+
+def keyed_request_id(prefix: str, tenant_id: str, key: str, now: datetime) -> str:
+    day = now.strftime("%Y-%m-%d")
+    return prefix + _sha("request-id", tenant_id, key, day)[:32]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The first request that used a key, as the requests topic records it."""
+
+    request_id: str
+    request_sha256: str | None
+    at: datetime
+    offset: int
+
+
+class Decision(Enum):
+    NEW = "new"  # no live claim: submit
+    REPLAY = "replay"  # same key, same body, within the window: the claimed generation
+    CONFLICT = "conflict"  # same key, another body
+
+
+def decide(claim: Claim | None, body_sha256: str, now: datetime) -> Decision:
+    if claim is None or now - claim.at > WINDOW:
+        return Decision.NEW
+    return Decision.REPLAY if claim.request_sha256 == body_sha256 else Decision.CONFLICT
+
+
+class RequestLookup(Protocol):
+    """What these rules read of recent generations (`pipelines.generation.request_index.RequestIndex`)."""
+
+    def request(self, tenant_id: str, request_id: str) -> RequestInfo | None: ...
+
+    def claim(self, tenant_id: str, key_sha256: str, *, up_to: int | None = None) -> Claim | None: ...
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The request means an earlier generation: answer with that one, submit nothing."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class SharedRequest:
+    """A racing request with the same key and id was submitted first: admission decides the
+    id once, by that one, whose stream begins at `stream_offset`."""
+
+    stream_offset: int
+
+
+def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_key: str | None, id_prefix: str,
+             index: RequestLookup, now: datetime, digests=None) -> SubmitGeneration | Replay:
+    """Before submitting: the command with its ids (request id, key and body hashes), or
+    the earlier generation an idempotent retry means. Raises `IdempotencyKeyInvalid`,
+    `KeyReused` or `RequestIdInUse`."""
+    chosen = cmd.request_id
+    if chosen is not None:
+        cmd = replace(cmd, request_id=client_request_id(tenant_id, chosen))
+    if idempotency_key is not None:
+        key_sha = key_sha256(tenant_id, validate_key(idempotency_key))
+        body_sha = request_sha256(cmd.route, body, digests.key_for(tenant_id) if digests is not None else None)
+        claim = index.claim(tenant_id, key_sha)
+        decision = decide(claim, body_sha, now)
+        if decision is Decision.CONFLICT:
+            raise KeyReused()
+        if decision is Decision.REPLAY:
+            return Replay(claim.request_id)
+        cmd = replace(cmd, idempotency_key_sha256=key_sha, request_sha256=body_sha, request_id=cmd.request_id
+                      or keyed_request_id(id_prefix, tenant_id, idempotency_key, now))
+    elif chosen is not None and index.request(tenant_id, cmd.request_id):
+        raise RequestIdInUse(chosen)
+    return cmd if cmd.request_id else replace(cmd, request_id=id_prefix + uuid.uuid4().hex)
+
+
+def resolve_key_race(submitted: Submitted, *, index: RequestLookup, log: EventLog) -> Replay | SharedRequest | None:
+    """After a keyed submission: whether another request claimed the key first (another
+    replica, or a retry racing its original). None: ours is the claim. Raises `KeyReused`
+    when the first had another body."""
+    req = submitted.request
+    claim = index.claim(submitted.tenant_id, req.idempotency_key_sha256, up_to=submitted.request_offset)
+    if claim is None or claim.offset == submitted.request_offset:
+        return None
+    if claim.request_id != req.request_id:
+        # Not the same id (the race straddled midnight UTC): ours would run too, so stop it.
+        request_cancel(submitted.tenant_id, req.request_id, known_status=None, log=log)
+    if claim.request_sha256 != req.request_sha256:
+        raise KeyReused()
+    if claim.request_id != req.request_id:
+        return Replay(claim.request_id)
+    return SharedRequest(index.request(submitted.tenant_id, req.request_id).stream_offset)
+
+
+def meant_ids(tenant_id: str, request_id: str) -> tuple[str, str]:
+    """The ids an id given by a client may mean, in order: a generation's own id, or the
+    one whose client chose it."""
+    return request_id, client_request_id(tenant_id, request_id)
+
+
+def find_request(tenant_id: str, request_id: str, *, index: RequestLookup) -> RequestInfo | None:
+    """A generation of this tenant by its id, or by the request_id its client chose."""
+    for candidate in meant_ids(tenant_id, request_id):
+        info = index.request(tenant_id, candidate)
+        if info is not None:
+            return info
+    return None
