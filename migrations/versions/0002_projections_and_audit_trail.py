@@ -84,7 +84,13 @@ def upgrade() -> None:
     op.drop_table('generations')
     _generations_v2()
     _reset('generations')
+    _batches_and_usage()
+    _quotas()
+    _admin_changes()
+    _audit_trail()
 
+
+def _batches_and_usage() -> None:
     op.create_table(
         'batches',
         sa.Column('tenant_id', sa.String(64), nullable=False),
@@ -125,6 +131,8 @@ def upgrade() -> None:
     op.create_index('ix_usage_ledger_tenant_day', 'usage_ledger', ['tenant_id', 'day'])
     op.create_index('ix_usage_ledger_day', 'usage_ledger', ['day'])
 
+
+def _quotas() -> None:
     op.create_table(
         'tenant_limits',
         sa.Column('tenant_id', sa.String(64), nullable=False),
@@ -158,6 +166,9 @@ def upgrade() -> None:
         sa.Column('reserved_at', TZ, nullable=False),
         sa.PrimaryKeyConstraint('tenant_id', 'request_id', name=op.f('pk_open_reservations')),
     )
+
+
+def _admin_changes() -> None:
     op.create_table(
         'admin_changes',
         sa.Column('offset', sa.BigInteger(), nullable=False),
@@ -172,6 +183,8 @@ def upgrade() -> None:
     )
     op.create_index(op.f('ix_admin_changes_tenant_id'), 'admin_changes', ['tenant_id'])
 
+
+def _audit_trail() -> None:
     op.create_table(
         'audit_trail',
         sa.Column('topic', sa.String(200), nullable=False),
