@@ -69,7 +69,7 @@ from workers.kv_gate import KvGate
 from workers.queued_work import QueuedWork, WorkItem, engine_capacity
 from workers.stream_writer import StreamWriter
 from workers.work_positions import WorkPositions
-from workers.worker_presence import worker_presence
+from workers.fleet_presence import worker_presence
 
 logger = logging.getLogger(__name__)
 Writes = list[tuple[str, Message]]  # what one take commits: (topic name, message)

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from pipelines.admission.kv_claims import claim_of
-from workers.worker_presence import engine_capacity_of
+from workers.fleet_presence import engine_capacity_of
 
 LOOK_AGAIN_S = 1.0  # how often an engine that reported no KV capacity yet is asked again
 

@@ -23,7 +23,7 @@ from tests.unit.test_fleet_presence import FakeLog
 from workers.engine import EngineRequest
 from workers.engine_runner import EngineRunner
 from workers.vllm_engine import GiB, VllmEngine
-from workers.worker_presence import engine_capacity_of, worker_presence
+from workers.fleet_presence import engine_capacity_of, worker_presence
 
 pytest_plugins = ["tests.small_model_fixture"]
 

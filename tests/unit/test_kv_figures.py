@@ -18,7 +18,7 @@ from tests.unit.test_fleet_presence import FakeLog
 from workers.engine import EngineRequest, KvFigures
 from workers.engine_stats import EngineStats
 from workers.vllm_engine import VllmEngine, VllmEngineConfig
-from workers.worker_presence import worker_presence
+from workers.fleet_presence import worker_presence
 
 
 def request(request_id: str, prompt_words: int, max_output_tokens: int = 1) -> EngineRequest:
