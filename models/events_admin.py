@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from models.events import Payload, event
+from models.event_types import Payload, event
 
 # `operator` manages the platform (every tenant, models, fleet, rollouts); `admin` is its
 # older name and means the same. `tenant_admin` manages its own tenant (models.authz).

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from models.events import Payload, event
+from models.event_types import Payload, event
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/summarizations"]
 SkipReason = Literal["insufficient_quota", "batch_cancelled", "batch_expired"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from models.events import Payload, event
+from models.event_types import Payload, event
 
 
 def _zero(value: int) -> bool:

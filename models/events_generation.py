@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from models.events import Payload, event
+from models.event_types import Payload, event
 
 Priority = Literal["high", "normal", "batch"]
 FinishReason = Literal["stop", "length"]

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from models.events import Payload, event
+from models.event_types import Payload, event
 
 RolloutMode = Literal["canary", "shadow"]
 
