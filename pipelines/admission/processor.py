@@ -23,39 +23,31 @@ wall clock: a request whose worker stopped heartbeating (`pipelines.admission.lo
 `worker_lost` and settles within seconds; one whose worker is unknown expires at deadline
 plus grace.
 
-Admitting and taking in one unit: a pool worker in the same process may be given as the
-processor's `taker`. Each admitted request is offered to it; when its engine has a free
-slot and nothing waits in its queue, it starts the generation at once, and the request's
-`GenerationStarted` replaces its `GenerationQueued` in the admission's own commit. The
-work never reaches a work topic, so no other worker can see it, let alone take it, and
-the first token waits for one commit instead of two. The generation writes nothing until
-that commit is through (`Taking.resolve`).
+Deciding one request is `pipelines.admission.admit`'s (`handle_requested`). Admitting and
+taking in one unit: a pool worker in the same process may be given as the processor's
+`taker`, which starts admitted work at once where its engine has a slot free; the start
+goes out in the admission's own commit (`pipelines.admission.taking`).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Protocol
+from typing import Callable
 
 from models import topics
-from models.events import Envelope, EventDecodeError, caused_by, decode
+from models.events import Envelope, EventDecodeError, decode
 from models.events_generation import (
-    BudgetReserved, GenerationAdmitted, GenerationCancelled, GenerationCompleted, GenerationFailed,
-    GenerationQueued, GenerationRequested, GenerationStarted,
+    GenerationCancelled, GenerationCompleted, GenerationFailed, GenerationQueued, GenerationRequested,
+    GenerationStarted,
 )
-from models.quota import Ask, Reject, decide
 from models.registry import Registry
 from models.reservations import ReservationBook
-from models.rollout import SHADOW_TENANT
-from models.topics import Topic
+from pipelines.admission.admit import handle_requested
 from pipelines.admission.capacity import CapacityBook, Floors, QueueBound, ServiceEstimate, key_of
 from pipelines.admission.catch_up import CatchUp
-from pipelines.admission.decisions import answer_from_cache, cost_micros, reject
-from pipelines.eventlog import EventLog, EventLogError, Fenced, TopicSpec
+from pipelines.eventlog import EventLog, EventLogError, Fenced, Record, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.admission.kv_claims import claim_of
 from pipelines.admission.lost_workers import FleetWatch, note_running
@@ -65,71 +57,10 @@ from pipelines.publish import Outputs, to_outputs
 from pipelines.admission.service_readback import read_back_rates
 from pipelines.admission.settlement import end_lost, expire_overdue, handle_terminal
 from pipelines.admission.suspension import SuspensionSweep
+from pipelines.admission.taking import Taker, Taking, Takings  # noqa: F401 - Taking: workers import it from here
 
 logger = logging.getLogger(__name__)
-UNBOUNDED_DEADLINE = timedelta(minutes=10)  # a request without a deadline expires after this plus grace
 DEFAULT_LOST_AFTER_S = 5.0  # `Settings.worker_lost_after_s`
-
-
-def handle_requested(
-    env: Envelope, *, registry: Registry, book: ReservationBook, now: datetime, grace: timedelta,
-    estimate: ServiceEstimate | None = None, queued_at: datetime | None = None,
-    capacity: CapacityBook | None = None,
-) -> Outputs:
-    """Decides at `now` (the request's time); `queued_at` is when the work really queued (the
-    wall clock), which workers measure queue time from. `capacity`: the live fleet's, which
-    refuses what it cannot serve in time (`pipelines.admission.capacity`)."""
-    req: GenerationRequested = env.payload
-    if book.decided(req.request_id):
-        return []  # the same request delivered twice is decided once
-    shadow = req.shadow_of is not None and env.tenant_id == SHADOW_TENANT
-    if env.tenant_id not in registry.tenants and not shadow:
-        return reject(env, Reject("tenant_disabled", "this tenant does not exist"), book=book, now=now)
-    if env.tenant_id in registry.suspended:
-        return reject(env, Reject("tenant_disabled", "this tenant is suspended"), book=book, now=now)
-    revision = registry.revisions.get(req.model_revision)
-    if revision is None:
-        return reject(env, Reject("unknown_model", f"model revision {req.model_revision} is not approved"),
-                      book=book, now=now)
-    if req.model_revision in registry.retired:  # retired after the request was pinned to it
-        return reject(env, Reject("model_retired", f"model revision {req.model_revision} is retired"),
-                      book=book, now=now)
-    limits = registry.limits_for(env.tenant_id)
-    if req.priority == "high" and not limits.may_send_high:  # the API refuses it first; a grant may be lifted since
-        return reject(env, Reject("priority_not_allowed", "this tenant may not send priority 'high'"),
-                      book=book, now=now)
-    if req.cache is not None:
-        return answer_from_cache(env, limits=limits, registry=registry, book=book, now=now, grace=grace)
-    ask = Ask(input_tokens=req.input_tokens, max_output_tokens=req.max_output_tokens,
-              cost_micros=cost_micros(revision, req.input_tokens, req.max_output_tokens),
-              deadline_at=req.deadline_at,
-              min_service_ms=(estimate or ServiceEstimate()).min_service_ms(req.max_output_tokens))
-    decision = decide(ask, book.usage_of(env.tenant_id), limits, now)
-    if isinstance(decision, Reject):
-        return reject(env, decision, book=book, now=now)
-    if shadow and (capacity is None or not capacity.free_now(key_of(limits.pool, req.model_revision),
-                                                             asked_at=env.occurred_at)):
-        # A shadow copy runs only on a slot free now: it never queues ahead of real work.
-        return reject(env, Reject("shadow_dropped", "the candidate has no free slot for a shadow copy"),
-                      book=book, now=now)
-    if capacity is not None and (refused := capacity.check(req, pool=limits.pool, asked_at=env.occurred_at,
-                                                             now=max(now, queued_at or now),
-                                                             max_model_len=revision.max_model_len)) is not None:
-        return reject(env, refused, book=book, now=now)
-    reservation_id = "res_" + uuid.uuid4().hex[:16]
-    deadline = req.deadline_at or now + UNBOUNDED_DEADLINE
-    reserved = caused_by(env, BudgetReserved(
-        request_id=req.request_id, reservation_id=reservation_id, tokens=ask.tokens, cost_micros=ask.cost_micros,
-        expires_at=deadline + grace, model_revision=req.model_revision), occurred_at=now)
-    # Only workers of the pinned revision read its work topics (revision-true serving).
-    work_topic = topics.work_topic(limits.pool, req.priority, req.model_revision)
-    admitted = caused_by(env, GenerationAdmitted(
-        request_id=req.request_id, reservation_id=reservation_id, work_topic=work_topic.name), occurred_at=now)
-    queued = caused_by(env, GenerationQueued(request=req, reservation_id=reservation_id,
-                                             queued_at=max(now, queued_at or now),
-                                             fair_share_weight=limits.fair_share_weight), occurred_at=now)
-    book.apply(reserved)
-    return [(topics.LEDGER, reserved), (topics.LEDGER, admitted), (work_topic, queued)]
 
 
 def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datetime | None]:
@@ -143,21 +74,6 @@ def rebuild(log: EventLog, partitions: set[int]) -> tuple[ReservationBook, datet
         book.apply(env)
         clock = env.occurred_at if clock is None else max(clock, env.occurred_at)
     return book, clock
-
-
-@dataclass
-class Taking:
-    """Admitted work a taker started: `started` goes out in the admission's commit, and
-    `resolve` is called once, True when that commit is through (the generation may write
-    from then on) and False when it is not (the generation must leave without a trace)."""
-
-    started: Envelope
-    resolve: Callable[[bool], None]
-
-
-class Taker(Protocol):
-    def offer(self, queued: Envelope, work_topic: Topic) -> Taking | None:
-        """Starts `queued` now if it may, or returns None and leaves it to the work topic."""
 
 
 class AdmissionProcessor:
@@ -184,8 +100,7 @@ class AdmissionProcessor:
         the service assumed before any is measured, `Settings.admission_floor_*`)."""
         self._log = log
         self._on_written = on_written  # told what each committed unit wrote (metrics)
-        self._taker = taker
-        self._takings: list[Taking] = []
+        self._takings = Takings(taker)
         self._registry_view = registry_view
         self._grace = grace
         self._consumer = log.consumer(self.GROUP, [topics.REQUESTS.name, topics.OUTCOMES.name], member_id=member_id)
@@ -247,7 +162,7 @@ class AdmissionProcessor:
             outputs = handle_requested(env, registry=registry, book=self.book, now=self._now(env.occurred_at),
                                        grace=self._grace, estimate=self.estimate,
                                        queued_at=datetime.now(timezone.utc), capacity=self.capacity)
-            outputs = self._offer(outputs) if self._taker is not None else outputs
+            outputs = self._takings.offer(outputs)
             return self._claimed(outputs, env, registry)
         if isinstance(p, GenerationStarted):
             self.capacity.started(p.request_id, self._key(registry, env), p.queued_ms)
@@ -286,26 +201,6 @@ class AdmissionProcessor:
         it is only used when what it ends was not seen queued)."""
         return key_of(registry.limits_for(env.tenant_id).pool, getattr(env.payload, "model_revision", ""))
 
-    def _offer(self, outputs: Outputs) -> Outputs:
-        """Queued work the taker starts goes out as its `GenerationStarted` instead."""
-        out: Outputs = []
-        for topic, env in outputs:
-            taking = self._taker.offer(env, topic) if isinstance(env.payload, GenerationQueued) else None
-            if taking is None:
-                out.append((topic, env))
-            else:
-                self._takings.append(taking)
-                out.append((topics.OUTCOMES, taking.started))
-        return out
-
-    def _resolve_takings(self, committed: bool) -> None:
-        takings, self._takings = self._takings, []
-        for taking in takings:
-            try:
-                taking.resolve(committed)
-            except Exception:  # one taker's failure must not keep the others waiting
-                logger.exception("resolving a take of %s failed", taking.started.payload.request_id)
-
     def _ensure_topics(self, outputs: Outputs) -> None:
         missing = {t for t, _ in outputs if t.name not in self._known_topics}
         if missing:  # a revision's or a dedicated pool's work topics, made on first use
@@ -327,56 +222,16 @@ class AdmissionProcessor:
         if len(records) < self.POLL_RECORDS:
             self._read_to = self._catch_up.read_all_at(polled_at) or self._read_to
         try:
-            # Only decisions on records read the registry: an empty poll makes no look.
-            registry = self._registry_view.refresh() if records else None
-            outputs: Outputs = []  # decisions on requests: someone waits for each
-            settling: Outputs = []
-            for record in records:
-                try:
-                    env = decode(record.value)
-                except EventDecodeError as exc:
-                    # Counted and logged; the record stays on the log for inspection.
-                    self.rejected_records += 1
-                    logger.warning("unreadable record %s/%s@%s: %s", record.topic, record.partition, record.offset,
-                                   exc)
-                    continue
-                decided = self._decide(env, registry)
-                if isinstance(env.payload, GenerationRequested):
-                    outputs += decided
-                else:
-                    settling += decided
-            now = datetime.now(timezone.utc)
-            if self._read_to is not None:  # ends that wait to be read are settled first, at their usage
-                settling += expire_overdue(book=self.book, now=now, read_to=self._read_to)
-            if time.monotonic() - self._pruned_at >= 1.0:  # queued work that ended unseen (expired, lost)
-                self._pruned_at = time.monotonic()
-                self.capacity.prune(self.book.open)
-                self.placement.prune(self.book.open)
-                self.claims.prune(self.book.open)
-            if self.fleet is not None:
-                lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
-                settling += end_lost(lost, book=self.book, now=now)
-            self.claims.release_settled(settling)  # expired, or a lost worker's: settled here, once
-            settling += self.suspension.cancels(self.book, monotonic=time.monotonic())
-            if settling and not self._settling:
-                self._settling_since = time.monotonic()
-            self._settling += settling
+            outputs, settling = self._decide_records(records)
+            self._linger(self._sweep(settling))
             if not outputs and not self._unit_due(bool(records)):
                 return len(records)
-            outputs = self._settling + outputs
-            self._ensure_topics(outputs)
-            # Taken work may write as soon as the commit is through, before (on Kafka) its
-            # markers make it visible: what it writes still follows its start on the log.
-            self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._resolve_takings(True))
-            self._settling = []
-            self._idle.saved()
-            if self._on_written is not None:
-                self._on_written(outputs)
+            self._commit(self._settling + outputs)
         except BaseException as exc:
             # The book already holds these decisions, and none of them was written (the unit
             # aborted): rebuild it from the ledger, and read the inputs again, before deciding.
             # What was started for them leaves without a trace.
-            self._resolve_takings(False)
+            self._takings.resolve(False)
             self.owned = None
             if not isinstance(exc, (Fenced, EventLogError)):
                 raise
@@ -384,6 +239,62 @@ class AdmissionProcessor:
             self._consumer.seek_to_committed()
             self._forget_unwritten()
         return len(records)
+
+    def _decide_records(self, records: list[Record]) -> tuple[Outputs, Outputs]:
+        """Decisions on requests (someone waits for each), and settlements of the ends read."""
+        # Only decisions on records read the registry: an empty poll makes no look.
+        registry = self._registry_view.refresh() if records else None
+        outputs: Outputs = []
+        settling: Outputs = []
+        for record in records:
+            try:
+                env = decode(record.value)
+            except EventDecodeError as exc:
+                # Counted and logged; the record stays on the log for inspection.
+                self.rejected_records += 1
+                logger.warning("unreadable record %s/%s@%s: %s", record.topic, record.partition, record.offset, exc)
+                continue
+            decided = self._decide(env, registry)
+            if isinstance(env.payload, GenerationRequested):
+                outputs += decided
+            else:
+                settling += decided
+        return outputs, settling
+
+    def _sweep(self, settling: Outputs) -> Outputs:
+        """`settling` and what ends without a record read: reservations overdue, generations
+        of a lost worker, a suspended tenant's work; queued work that ended unseen is forgotten."""
+        now = datetime.now(timezone.utc)
+        if self._read_to is not None:  # ends that wait to be read are settled first, at their usage
+            settling += expire_overdue(book=self.book, now=now, read_to=self._read_to)
+        if time.monotonic() - self._pruned_at >= 1.0:  # queued work that ended unseen (expired, lost)
+            self._pruned_at = time.monotonic()
+            self.capacity.prune(self.book.open)
+            self.placement.prune(self.book.open)
+            self.claims.prune(self.book.open)
+        if self.fleet is not None:
+            lost = self.fleet.lost(self.book, monotonic=time.monotonic(), read_to=self._read_to)
+            settling += end_lost(lost, book=self.book, now=now)
+        self.claims.release_settled(settling)  # expired, or a lost worker's: settled here, once
+        settling += self.suspension.cancels(self.book, monotonic=time.monotonic())
+        return settling
+
+    def _linger(self, settling: Outputs) -> None:
+        """Settlements wait for the next unit (`SETTLE_LINGER_S`)."""
+        if settling and not self._settling:
+            self._settling_since = time.monotonic()
+        self._settling += settling
+
+    def _commit(self, outputs: Outputs) -> None:
+        """One unit: `outputs` and the positions of what was read, together."""
+        self._ensure_topics(outputs)
+        # Taken work may write as soon as the commit is through, before (on Kafka) its
+        # markers make it visible: what it writes still follows its start on the log.
+        self._consumer.commit_with(to_outputs(outputs), on_committed=lambda: self._takings.resolve(True))
+        self._settling = []
+        self._idle.saved()
+        if self._on_written is not None:
+            self._on_written(outputs)
 
     def _unit_due(self, polled: bool) -> bool:
         """With no request decided: whether what waits (settlements, or positions of records
@@ -416,7 +327,7 @@ class AdmissionProcessor:
         """After a unit failed on a transient error, wherever it failed: nothing it decided
         was written, so decide nothing on this book; the next `run_once` reads the inputs
         again from the committed positions and rebuilds the book from the ledger."""
-        self._resolve_takings(False)
+        self._takings.resolve(False)
         self.owned = None
         self._forget_unwritten()
 
