@@ -15,7 +15,7 @@ from models.digests import TenantDigests
 from models.events_generation import (
     CacheRef, CancelRequested, GenerationRequested, Position, PromptSubmitted, Sampling,
 )
-from models.registry import Principal, Registry
+from models.registry import Principal, Registry, Revision
 from models.router import RouteAsk, choose
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, SHADOW_TENANT, stickiness_key
 from pipelines.eventlog import EventLog
@@ -131,6 +131,52 @@ def submit_generation(
     (`api.ladder`): a router sends a request it would route there to its first fallback
     that is not cooling instead. `affinity`: whether the request names what its prompt
     shares with others (`prefix_affinity`), for admission to place it by."""
+    route, revision = _routed(cmd, principal, registry, fleet)
+    pick, subject = _pick(cmd, principal, registry, counter, route, revision, cooling)
+    max_output_tokens = _fits(cmd, registry, principal.tenant_id, pick.revision, pick.input_tokens, fleet)
+    query, entry, hit = None, None, None
+    if cache is not None and subject is not None:
+        query, entry, hit = _look_up(cache, subject, registry, principal.tenant_id, cmd, pick.revision.model_revision,
+                                     max_output_tokens)
+    if entry is None and pick.cool_to is not None:  # no hit: down to the smaller revision
+        fallback = registry.pinnable(pick.cool_to)
+        pick = _Pick(fallback, *_prompt_for(cmd, counter, fallback), rule="fallback",
+                     fallback_from=pick.revision.model_revision)
+        max_output_tokens = _fits(cmd, registry, principal.tenant_id, pick.revision, pick.input_tokens, fleet)
+        query = None  # its answer is the fallback's, not what the cache was asked for
+    if fleet is not None and entry is None:
+        _served_now(cmd, registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL, pick.revision, fleet)
+    request, stream_partition, request_offset = _write(
+        cmd, principal, log, pick, route=route, max_output_tokens=max_output_tokens, hit=hit,
+        stream_offset=stream_offset, default_deadline_ms=default_deadline_ms,
+        digests=digests or TenantDigests.development(), affinity=affinity)
+    rollout = registry.open_rollouts.get(cmd.model_alias) if route is not None and route.rollout_id else None
+    mirrored = rollout is not None and entry is None
+    if mirrored and rollout.mirrors(stickiness_key(principal.tenant_id, principal.application_id, cmd.user)):
+        _mirror(request, rollout, prompt=pick.prompt, registry=registry, log=log, counter=counter, fleet=fleet)
+    return Submitted(request=request, tenant_id=principal.tenant_id, stream_partition=stream_partition,
+                     request_offset=request_offset, cache_query=query if entry is None else None,
+                     cached=entry)
+
+
+@dataclass(frozen=True)
+class _Pick:
+    """The revision a request goes to, its prompt as that revision's model sees it, and why
+    it goes there: the router's rule and the revision it fell back from (None: neither).
+    `cool_to`: the fallback to take instead, unless the cache answers (`api.ladder`)."""
+
+    revision: Revision
+    prompt: str
+    input_tokens: int
+    rule: str | None = None
+    fallback_from: str | None = None
+    cool_to: str | None = None
+
+
+def _routed(cmd: SubmitGeneration, principal: Principal, registry: Registry, fleet: Fleet | None):
+    """The alias's route for this caller (an open rollout's arm included) and the revision
+    it pins; raises where the tenant may not send the priority, or the alias names no
+    revision that may be pinned."""
     if cmd.priority == "high" and not registry.limits_for(principal.tenant_id).may_send_high:
         raise SubmissionError(403, "priority_not_allowed", "This tenant may not send priority 'high'; an admin "
                               "grants it (limit may_send_high)", "priority")
@@ -150,9 +196,17 @@ def submit_generation(
                               f"which is retired{': ' + why if why else ''}", "model")
     if revision is None:
         raise SubmissionError(404, "model_not_found", f"The model '{cmd.model_alias}' does not exist", "model")
+    return route, revision
+
+
+def _pick(cmd: SubmitGeneration, principal: Principal, registry: Registry, counter: TokenCounter, route,
+          revision: Revision, cooling: frozenset[str]) -> tuple[_Pick, tuple[str, object] | None]:
+    """Where the alias's router (if it has one, and no open rollout routes first) sends the
+    request: the revision its rules choose, or the overload ladder's fallback; and what of
+    the request the semantic cache would embed (`cache_subject`)."""
     prompt, input_tokens = _prompt_for(cmd, counter, revision)
     subject = cache_subject(cmd)
-    rule, fallback_from, cool_to = None, cmd.fallback_from, None
+    rule, cool_to = None, None
     router = registry.routers.get(cmd.model_alias)
     if router is not None and route.rollout_id is None:  # an open rollout's table comes first
         if cmd.fallback_to is not None:
@@ -168,53 +222,46 @@ def submit_generation(
         if chosen != revision.model_revision and registry.pinnable(chosen) is not None:
             revision = registry.pinnable(chosen)
             prompt, input_tokens = _prompt_for(cmd, counter, revision)
-    max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens, fleet)
-    query, entry, hit = None, None, None
-    if cache is not None and subject is not None:
-        query, entry, hit = _look_up(cache, subject, registry, principal.tenant_id, cmd, revision.model_revision,
-                                     max_output_tokens)
-    if entry is None and cool_to is not None:  # no hit: down to the smaller revision
-        fallback_from, rule, revision = revision.model_revision, "fallback", registry.pinnable(cool_to)
-        prompt, input_tokens = _prompt_for(cmd, counter, revision)
-        max_output_tokens = _fits(cmd, registry, principal.tenant_id, revision, input_tokens, fleet)
-        query = None  # its answer is the fallback's, not what the cache was asked for
-    if fleet is not None and entry is None:
-        pool = registry.limits_for(principal.tenant_id).pool or topics.SHARED_POOL
-        if not fleet.serves_soon(pool, revision.model_revision):
-            raise SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
-                                  f"(revision {revision.model_revision}) now; try again shortly", "model",
-                                  retry_after_s=NO_CAPACITY_RETRY_S, model_revision=revision.model_revision)
+    return _Pick(revision, prompt, input_tokens, rule=rule, fallback_from=cmd.fallback_from, cool_to=cool_to), subject
+
+
+def _served_now(cmd: SubmitGeneration, pool: str, revision: Revision, fleet: Fleet) -> None:
+    """Raises (503) where no live worker of `pool` serves `revision`."""
+    if not fleet.serves_soon(pool, revision.model_revision):
+        raise SubmissionError(503, "no_capacity", f"No worker serves the model '{cmd.model_alias}' "
+                              f"(revision {revision.model_revision}) now; try again shortly", "model",
+                              retry_after_s=NO_CAPACITY_RETRY_S, model_revision=revision.model_revision)
+
+
+def _write(cmd: SubmitGeneration, principal: Principal, log: EventLog, pick: _Pick, *, route,
+           max_output_tokens: int, hit: CacheRef | None, stream_offset: int | None, default_deadline_ms: int,
+           digests: TenantDigests, affinity: bool) -> tuple[GenerationRequested, int, int]:
+    """Puts the prompt on the prompts topic and the request, referencing it, on the requests
+    topic. Returns the request, its stream partition and its offset in the requests topic."""
     request_id = cmd.request_id or "gen_" + uuid.uuid4().hex
     deadline_ms = cmd.deadline_ms if cmd.deadline_ms is not None else default_deadline_ms
     deadline_at = datetime.now(timezone.utc) + timedelta(milliseconds=deadline_ms)
     stream_partition = partition_of(log, topics.STREAM, request_id)
     if stream_offset is None:
         stream_offset = log.end_offset(topics.STREAM.name, stream_partition)
-    digests = digests or TenantDigests.development()
-    prompt_env = new_event(PromptSubmitted(request_id=request_id, prompt=prompt),
+    prompt_env = new_event(PromptSubmitted(request_id=request_id, prompt=pick.prompt),
                            tenant_id=principal.tenant_id, correlation_id=request_id)
     [prompt_record] = publish(log, topics.PROMPTS, [prompt_env])
     request = GenerationRequested(
         request_id=request_id, application_id=principal.application_id, key_id=principal.key_id,
-        model_alias=cmd.model_alias, model_revision=revision.model_revision, input_tokens=input_tokens,
-        input_sha256=digests.hexdigest(principal.tenant_id, prompt),
+        model_alias=cmd.model_alias, model_revision=pick.revision.model_revision, input_tokens=pick.input_tokens,
+        input_sha256=digests.hexdigest(principal.tenant_id, pick.prompt),
         max_output_tokens=max_output_tokens,
         deadline_at=deadline_at, priority=cmd.priority, sampling=cmd.sampling,
         prompt_ref=Position(topic=prompt_record.topic, partition=prompt_record.partition, offset=prompt_record.offset),
         stream_offset=stream_offset, route=cmd.route, idempotency_key_sha256=cmd.idempotency_key_sha256,
         request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
-        cache=hit, route_rule=rule, fallback_from=fallback_from,
+        cache=hit, route_rule=pick.rule, fallback_from=pick.fallback_from,
         affinity=prefix_affinity(cmd, principal.tenant_id, digests) if affinity else None,
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])
-    rollout = registry.open_rollouts.get(cmd.model_alias) if route is not None and route.rollout_id else None
-    mirrored = rollout is not None and entry is None
-    if mirrored and rollout.mirrors(stickiness_key(principal.tenant_id, principal.application_id, cmd.user)):
-        _mirror(request, rollout, prompt=prompt, registry=registry, log=log, counter=counter, fleet=fleet)
-    return Submitted(request=request, tenant_id=principal.tenant_id, stream_partition=stream_partition,
-                     request_offset=request_record.offset, cache_query=query if entry is None else None,
-                     cached=entry)
+    return request, stream_partition, request_record.offset
 
 
 def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Registry, log: EventLog,
@@ -222,7 +269,7 @@ def _mirror(request: GenerationRequested, rollout, *, prompt: str, registry: Reg
     """A shadow copy of `request` for the rollout's candidate, under the platform's shadow
     account; returns its id. Never the client's concern: a copy that cannot be made (no
     worker of the candidate, a tokenizer, the log) is left out, and admission drops one the
-    candidate has no free slot for (`pipelines.admission.processor`)."""
+    candidate has no free slot for (`pipelines.admission.admit`)."""
     candidate = registry.pinnable(rollout.candidate_revision)
     if candidate is None or (fleet is not None and not fleet.serves_soon(topics.SHARED_POOL, candidate.model_revision)):
         return None
