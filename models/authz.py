@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable
 
+from models.limits import OWN_LIMIT_FIELDS
 from models.quota import Limits
 
 OPERATOR_SCOPES = frozenset({"operator", "admin"})
 TENANT_ADMIN_SCOPE = "tenant_admin"
 # What a tenant admin may put on the keys it issues: everything but an operator's scope.
 TENANT_GRANTABLE_SCOPES = frozenset({"generate", "batch", "usage", "audit", TENANT_ADMIN_SCOPE})
-# The limits a tenant admin may set for its own tenant: ceilings only. Window length, pool,
-# fair-share weight and the right to send `high` are the operator's alone.
-OWN_LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
-                    "max_input_tokens", "max_output_tokens", "batch_tokens_per_window")
+# The limits a tenant admin may set for its own tenant (`OWN_LIMIT_FIELDS`) are the
+# catalogue's ceilings marked `own`. Window length, pool, fair-share weight and the right
+# to send `high` are the operator's alone.
 
 
 def is_operator(scopes: Iterable[str]) -> bool:

@@ -4,12 +4,14 @@ Key secrets never appear here: only their SHA-256 and a short public prefix.
 """
 from __future__ import annotations
 
+import inspect
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from models.event_types import Payload, event
+from models.limits import LIMITS, LimitSpec, event_field
 
 # `operator` manages the platform (every tenant, models, fleet, rollouts); `admin` is its
 # older name and means the same. `tenant_admin` manages its own tenant (models.authz).
@@ -92,44 +94,32 @@ class ModelAliasDeleted(Payload):
     actor: str
 
 
-@event("TenantLimitsChanged")
-class TenantLimitsChanged(Payload):
-    """A tenant's complete limits after the change (not a patch), so the latest event alone
-    says what applies. None means unlimited; `window_seconds` None means the default window
-    (`models.quota.DEFAULT_WINDOW_S`); `pool` names a dedicated pool, None the shared one.
-    `fair_share_weight` (None: 1.0) and `may_send_high` (None: not entitled) came later:
-    absent, they are left out of the bytes, so older events encode as before."""
-
-    tenant_id: str
-    requests_per_minute: int | None = Field(default=None, ge=0)
-    max_concurrent: int | None = Field(default=None, ge=0)
-    tokens_per_window: int | None = Field(default=None, ge=0)  # input + reserved output tokens
-    spend_per_window_micros: int | None = Field(default=None, ge=0)
-    window_seconds: int | None = Field(default=None, gt=0)
-    max_input_tokens: int | None = Field(default=None, ge=0)
-    max_output_tokens: int | None = Field(default=None, ge=0)
-    batch_tokens_per_window: int | None = Field(default=None, ge=0)  # batch jobs, accounted apart
-    pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    actor: str
-    fair_share_weight: float | None = Field(default=None, gt=0, le=1000, exclude_if=lambda v: v is None)
-    may_send_high: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+def _limits_event(name: str, specs: tuple[LimitSpec, ...], doc: str) -> type[Payload]:
+    """An admin event carrying limits, a field per catalogue entry: the tenant, the limits
+    of the events' first shape, the actor, then the limits that came later (left out of
+    the bytes while unset, so older events encode as before)."""
+    fields = {"tenant_id": (str, ...),
+              **{spec.name: event_field(spec) for spec in specs if not spec.late},
+              "actor": (str, ...),
+              **{spec.name: event_field(spec) for spec in specs if spec.late}}
+    return event(name)(create_model(name, __base__=Payload, __doc__=inspect.cleandoc(doc), __module__=__name__,
+                                    **fields))
 
 
-@event("TenantOwnLimitsChanged")
-class TenantOwnLimitsChanged(Payload):
-    """Limits a tenant admin set for its own tenant, complete after the change (None: no
-    limit of its own). They only tighten the operator's grant (`TenantLimitsChanged`):
-    what applies is the lower of the two (`models.authz.tighten`)."""
+TenantLimitsChanged = _limits_event("TenantLimitsChanged", LIMITS, """\
+    A tenant's complete limits after the change (not a patch), so the latest event alone
+    says what applies: a field per limit of the catalogue (`models.limits`). None means
+    unlimited, or the limit's default: `window_seconds` None is the default window
+    (`models.limits.DEFAULT_WINDOW_S`), `pool` None the shared pool, `fair_share_weight`
+    None 1.0 and `may_send_high` None not entitled. Limits that came later (the last two,
+    and any added since) are left out of the bytes when None, so older events encode as
+    before.""")
 
-    tenant_id: str
-    requests_per_minute: int | None = Field(default=None, ge=0)
-    max_concurrent: int | None = Field(default=None, ge=0)
-    tokens_per_window: int | None = Field(default=None, ge=0)
-    spend_per_window_micros: int | None = Field(default=None, ge=0)
-    max_input_tokens: int | None = Field(default=None, ge=0)
-    max_output_tokens: int | None = Field(default=None, ge=0)
-    batch_tokens_per_window: int | None = Field(default=None, ge=0)
-    actor: str
+TenantOwnLimitsChanged = _limits_event("TenantOwnLimitsChanged", tuple(spec for spec in LIMITS if spec.own), """\
+    Limits a tenant admin set for its own tenant, complete after the change (None: no
+    limit of its own): the catalogue's limits marked `own`. They only tighten the
+    operator's grant (`TenantLimitsChanged`): what applies is the lower of the two
+    (`models.authz.tighten`).""")
 
 
 @event("ApiKeyExpirySet")

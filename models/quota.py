@@ -12,56 +12,38 @@ log reasons exactly as the one before it. The accounting matches the quotas proj
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-DEFAULT_WINDOW_S = 3600  # a tenant whose limits name no window (same as the quotas read model)
-MAX_WINDOW_S = 7 * 24 * 3600  # settled usage older than this is forgotten
+from models.limits import (  # noqa: F401 (the policy's constants, where its readers look for them)
+    DEFAULT_FAIR_SHARE_WEIGHT, DEFAULT_WINDOW_S, LIMIT_FIELDS, LIMITS, MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S, LimitSpec,
+    checked_by,
+)
+
 RATE_WINDOW = timedelta(seconds=60)
 # Nobody knows when an open reservation will settle; a client told to come back this soon
 # finds out cheaply (retrying costs it one rejection).
 UNKNOWN_RETRY_MS = 1000
 
-LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
-                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool",
-                "fair_share_weight", "may_send_high")
-DEFAULT_FAIR_SHARE_WEIGHT = 1.0
-MAX_FAIR_SHARE_WEIGHT = 1000.0  # a ratio of 1000:1 already starves the lighter tenant for all practical use
 
+class _LimitsBase:
+    """One tenant's limits, a field per entry of the catalogue (`models.limits.LIMITS`);
+    None is unlimited. Built from the latest `TenantLimitsChanged`.
 
-@dataclass(frozen=True)
-class Limits:
-    """One tenant's limits; None is unlimited. Built from the latest `TenantLimitsChanged`.
-
-    Two are not ceilings but standing: `fair_share_weight`, the tenant's share of a pool
+    Some are not ceilings but standing: `fair_share_weight`, the tenant's share of a pool
     worker's tokens against other busy tenants (3.0 gets three times a 1.0 tenant's tokens
     under backlog), and `may_send_high`, whether the tenant may send priority `high`. High
     priority is granted, never assumed: it jumps every normal queue and is the last shed
     when capacity falls, so a tenant has it only once an admin said so. A tenant with no
-    limits event, or whose events predate these two fields, has weight 1.0 and no `high`.
+    limits event, or whose events predate a limit, has that limit's default (weight 1.0,
+    no `high`).
     """
-
-    requests_per_minute: int | None = None
-    max_concurrent: int | None = None
-    tokens_per_window: int | None = None
-    spend_per_window_micros: int | None = None
-    window_seconds: int | None = None
-    max_input_tokens: int | None = None
-    max_output_tokens: int | None = None
-    batch_tokens_per_window: int | None = None
-    pool: str | None = None
-    fair_share_weight: float = DEFAULT_FAIR_SHARE_WEIGHT
-    may_send_high: bool = False
 
     @classmethod
     def from_payload(cls, payload) -> "Limits":
-        values = {name: getattr(payload, name, None) for name in LIMIT_FIELDS}
         # Absent on events written before they existed: the defaults apply.
-        if values["fair_share_weight"] is None:
-            values["fair_share_weight"] = DEFAULT_FAIR_SHARE_WEIGHT
-        values["may_send_high"] = bool(values["may_send_high"])
-        return cls(**values)
+        return cls(**{spec.name: spec.normal(getattr(payload, spec.name, None)) for spec in LIMITS})
 
     @property
     def window(self) -> timedelta:
@@ -69,6 +51,13 @@ class Limits:
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in LIMIT_FIELDS}
+
+
+Limits = make_dataclass("Limits", [(spec.name, spec.kind | None if spec.default is None else spec.kind,
+                                    field(default=spec.default)) for spec in LIMITS],
+                        bases=(_LimitsBase,), frozen=True)
+Limits.__module__ = __name__
+Limits.__doc__ = _LimitsBase.__doc__
 
 
 @dataclass(frozen=True)
@@ -191,37 +180,82 @@ def _in_flight(usage: TenantUsage, index: int) -> str:
     return f"; requests in flight hold {held} until they settle" if held else ""
 
 
+@dataclass
+class _Use:
+    """A tenant's use at one moment, as the checks of one decision ask for it."""
+
+    usage: TenantUsage
+    now: datetime
+    window: timedelta
+    _used: Charge | None = None
+
+    @property
+    def used(self) -> Charge:  # summed once per decision, and only if a window check asks
+        if self._used is None:
+            self._used = self.usage.used(self.now, self.window)
+        return self._used
+
+
+def _check_request(spec: LimitSpec, limit: int, ask: Ask, use: _Use) -> Reject | None:
+    asked = getattr(ask, spec.measure)
+    if asked > limit:
+        return Reject(spec.reason, spec.refusal.format(asked=asked, limit=limit))
+    return None
+
+
+def _check_rate(spec: LimitSpec, limit: int, ask: Ask, use: _Use) -> Reject | None:
+    recent = use.usage.requests_last_minute(use.now)
+    if len(recent) < limit:
+        return None
+    retry = _ms(recent[len(recent) - limit] + RATE_WINDOW - use.now) if limit else None
+    return Reject(spec.reason, spec.refusal.format(limit=limit, used=len(recent)), retry)
+
+
+def _check_concurrency(spec: LimitSpec, limit: int, ask: Ask, use: _Use) -> Reject | None:
+    held = len(use.usage.open)
+    if held < limit:
+        return None
+    return Reject(spec.reason, spec.refusal.format(limit=limit, used=held), UNKNOWN_RETRY_MS if limit else None)
+
+
+def _check_window(spec: LimitSpec, limit: int, ask: Ask, use: _Use) -> Reject | None:
+    index = ("tokens", "cost_micros").index(spec.measure)
+    asked, used = getattr(ask, spec.measure), getattr(use.used, spec.measure)
+    if used + asked <= limit:
+        return None
+    return Reject(spec.reason, spec.refusal.format(asked=asked, used=used, limit=limit,
+                                                   window_s=int(use.window.total_seconds()),
+                                                   in_flight=_in_flight(use.usage, index)),
+                  _retry_for_window(use.usage, use.now, use.window, asked, limit, index))
+
+
+# How admission checks each kind of limit (`models.limits`): a request's own size first (it
+# never fits, whatever the tenant's use), then, after the deadline, the tenant's use.
+REQUEST_CHECKS = {"request": _check_request}
+USE_CHECKS = {"rate": _check_rate, "concurrency": _check_concurrency, "window": _check_window}
+# The other kinds are applied elsewhere: batch budgets by the batch dispatcher
+# (`models.batch_budget`), the window's length by the window checks here, and standings by
+# admission's placement, the workers' fair share and the priority gate.
+APPLIED_ELSEWHERE = ("batch", "window_length", "standing")
+_REQUEST_SPECS, _USE_SPECS = checked_by(*REQUEST_CHECKS), checked_by(*USE_CHECKS)
+
+
+def _first_refusal(specs: tuple[LimitSpec, ...], checks: dict, ask: Ask, limits: Limits, use: _Use) -> Reject | None:
+    for spec in specs:
+        limit = getattr(limits, spec.name)
+        if limit is not None and (refused := checks[spec.check](spec, limit, ask, use)):
+            return refused
+    return None
+
+
 def decide(ask: Ask, usage: TenantUsage, limits: Limits, now: datetime) -> Admit | Reject:
     """Admit, or reject with a reason and when a retry could succeed (None: it never will)."""
-    if limits.max_input_tokens is not None and ask.input_tokens > limits.max_input_tokens:
-        return Reject("input_too_large", f"{ask.input_tokens} input tokens exceed this tenant's limit of "
-                                         f"{limits.max_input_tokens}")
-    if limits.max_output_tokens is not None and ask.max_output_tokens > limits.max_output_tokens:
-        return Reject("output_too_large", f"max_output_tokens {ask.max_output_tokens} exceeds this tenant's limit "
-                                          f"of {limits.max_output_tokens}")
+    use = _Use(usage, now, limits.window)
+    if refused := _first_refusal(_REQUEST_SPECS, REQUEST_CHECKS, ask, limits, use):
+        return refused
     if ask.deadline_at is not None:
         left_ms = int((ask.deadline_at - now).total_seconds() * 1000)
         if left_ms < ask.min_service_ms:
             return Reject("deadline", f"the deadline leaves {max(left_ms, 0)} ms; serving this request takes at "
                                       f"least {ask.min_service_ms} ms")
-    if limits.requests_per_minute is not None:
-        recent = usage.requests_last_minute(now)
-        if len(recent) >= limits.requests_per_minute:
-            oldest = recent[len(recent) - limits.requests_per_minute] if limits.requests_per_minute else now
-            return Reject("rate", f"more than {limits.requests_per_minute} requests per minute",
-                          _ms(oldest + RATE_WINDOW - now) if limits.requests_per_minute else None)
-    if limits.max_concurrent is not None and len(usage.open) >= limits.max_concurrent:
-        return Reject("concurrency", f"{len(usage.open)} requests in flight, the limit is {limits.max_concurrent}",
-                      UNKNOWN_RETRY_MS if limits.max_concurrent else None)
-    window = limits.window
-    used = usage.used(now, window)
-    if limits.tokens_per_window is not None and used.tokens + ask.tokens > limits.tokens_per_window:
-        return Reject("tokens", f"{ask.tokens} tokens do not fit: {used.tokens} of {limits.tokens_per_window} "
-                                f"used in the last {int(window.total_seconds())} s{_in_flight(usage, 0)}",
-                      _retry_for_window(usage, now, window, ask.tokens, limits.tokens_per_window, 0))
-    if limits.spend_per_window_micros is not None and used.cost_micros + ask.cost_micros > limits.spend_per_window_micros:
-        return Reject("spend", f"a cost of {ask.cost_micros} micros does not fit: {used.cost_micros} of "
-                               f"{limits.spend_per_window_micros} spent in the last {int(window.total_seconds())} s"
-                               f"{_in_flight(usage, 1)}",
-                      _retry_for_window(usage, now, window, ask.cost_micros, limits.spend_per_window_micros, 1))
-    return Admit()
+    return _first_refusal(_USE_SPECS, USE_CHECKS, ask, limits, use) or Admit()
