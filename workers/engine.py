@@ -1,14 +1,22 @@
 """The `InferenceEngine` port: where tokens are made. Workers and tests depend on this,
-never on vLLM; `workers.vllm_engine.VllmEngine` is the adapter."""
+never on vLLM; `workers.vllm_engine.VllmEngine` is the adapter. Everything a worker asks of
+an engine is declared here, with a default where a stand-in has nothing of its own to say,
+so no caller looks an engine's attributes up by name."""
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from workers.engine_stats import EngineStats
 
 # 'abort' ends a stream cut short by `abort()` or by the caller walking away.
 FinishReason = Literal["stop", "length", "abort"]
+
+# The sequences a worker runs at once on an engine with no limit of its own (a stand-in).
+DEFAULT_MAX_SEQS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,11 @@ class InferenceEngine(abc.ABC):
     """Async and bound to one event loop (see `workers.engine_runner.EngineRunner`).
     `start()` and `close()` run on that loop's thread."""
 
+    # What the engine says of its own steps (vLLM's: KV-cache usage, waiting requests,
+    # preemptions, step times), kept for the worker's metrics; None for an engine that keeps
+    # none, whose metrics then leave those series out. Read from any thread.
+    stats: EngineStats | None = None
+
     async def start(self) -> None:
         """Bring the engine up; a no-op for engines that need no start."""
 
@@ -114,6 +127,22 @@ class InferenceEngine(abc.ABC):
         """The longest sequence, prompt and output together, the engine holds; None for an
         engine with no limit of its own."""
         return None
+
+    def max_num_seqs(self) -> int:
+        """The sequences the engine runs at once (vLLM's max_num_seqs), always at least one:
+        a worker's slots unless it is told otherwise. An engine with no limit of its own
+        says `DEFAULT_MAX_SEQS`."""
+        return DEFAULT_MAX_SEQS
+
+    def compute_cpus(self) -> set[int]:
+        """The CPUs the engine bound its compute threads to, for the worker to keep its own
+        threads off; empty for an engine that binds none (or is not started)."""
+        return set()
+
+    def pin_to_compute_cpus(self) -> set[int]:
+        """Moves the rest of the engine's processes onto `compute_cpus()`; returns the CPUs
+        they run on now (empty: nothing bound, so nothing moved)."""
+        return set()
 
     @abc.abstractmethod
     def count_tokens(self, text: str) -> int:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Callable
 
 from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine, KvFigures
+from workers.engine_stats import EngineStats
 from workers.engine_runner import EngineRunner
 
 logger = logging.getLogger(__name__)
@@ -27,11 +28,11 @@ logger = logging.getLogger(__name__)
 EXIT_ENGINE_DEAD = 75  # sysexits' EX_TEMPFAIL: the process failed, and a restart may well serve
 
 
-def engine_errored(engine) -> bool:
-    """The engine's own word that it is dead (False from an engine that has none to give)."""
-    errored = getattr(engine, "errored", None)
+def engine_errored(engine: InferenceEngine) -> bool:
+    """The engine's own word that it is dead (the port's `errored`: False from an engine
+    that has none to give)."""
     try:
-        return bool(errored()) if callable(errored) else False
+        return bool(engine.errored())
     except Exception:  # reading its state failed: the health call decides
         return False
 
@@ -220,6 +221,19 @@ class WatchedEngine(InferenceEngine):
 
     def max_model_len(self) -> int | None:
         return self.inner.max_model_len()
+
+    def max_num_seqs(self) -> int:
+        return self.inner.max_num_seqs()
+
+    @property
+    def stats(self) -> EngineStats | None:
+        return self.inner.stats
+
+    def compute_cpus(self) -> set[int]:
+        return self.inner.compute_cpus()
+
+    def pin_to_compute_cpus(self) -> set[int]:
+        return self.inner.pin_to_compute_cpus()
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)

@@ -4,8 +4,8 @@ What it has read ahead and not taken (queue depth and the oldest one's age, by p
 revision and priority), what it runs, its free slots and the output tokens it wrote; its
 engine's KV cache in tokens, allocated and in use, where the engine says (`kv_figures` of
 the engine port); and what its vLLM engine says of itself (KV-cache usage, preemptions,
-prefix-cache lookups, step times) where the engine keeps `EngineStats`
-(`workers.engine_stats`; a fake engine has none, and those series are then absent).
+prefix-cache lookups, step times) where the engine keeps `EngineStats` (the port's `stats`,
+`workers.engine_stats`; a fake engine has none, and those series are then absent).
 Served by `pipelines.metrics.serve_metrics`, one worker a process.
 """
 from __future__ import annotations
@@ -56,8 +56,8 @@ class WorkerCollector(Collector):
                          labels, values, kv.capacity_tokens)
             yield _gauge("ledgerlm_engine_kv_cache_used_tokens",
                          "KV-cache tokens running requests hold (whole blocks)", labels, values, kv.used_tokens)
-        stats = getattr(w.engine, "stats", None)
-        if isinstance(stats, EngineStats):
+        stats = w.engine.stats
+        if stats is not None:
             yield from _engine(stats, labels, values)
 
 

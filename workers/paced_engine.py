@@ -100,12 +100,8 @@ class PacedEngine(InferenceEngine):
     def engine_config_hash(self) -> str:
         return f"paced-{self.step_s * 1000:g}ms-{self.max_seqs}"
 
-    def compute_cpus(self) -> set[int]:
-        """No compute threads of its own: the worker's placement leaves it where it runs."""
-        return set()
-
-    def pin_to_compute_cpus(self) -> set[int]:
-        return set()
+    def max_num_seqs(self) -> int:
+        return self.max_seqs
 
     def close(self) -> None:
         if self._clock is not None:

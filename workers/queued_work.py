@@ -30,6 +30,6 @@ class QueuedWork(NamedTuple):
 WorkItem = Item[QueuedWork]
 
 
-def engine_capacity(engine: InferenceEngine, default: int = 8) -> int:
-    """Sequences the engine runs at once (vLLM's max_num_seqs)."""
-    return getattr(getattr(engine, "config", None), "max_num_seqs", None) or default
+def engine_capacity(engine: InferenceEngine) -> int:
+    """Sequences the engine runs at once (vLLM's max_num_seqs; the port's `max_num_seqs`)."""
+    return max(1, engine.max_num_seqs())

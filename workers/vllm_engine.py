@@ -354,6 +354,10 @@ class VllmEngine(InferenceEngine):
         llm = self._llm
         return llm.model_config.max_model_len if llm is not None else self.config.max_model_len
 
+    def max_num_seqs(self) -> int:
+        """The sequences vLLM schedules at once, as configured."""
+        return self.config.max_num_seqs
+
     def unfinished_requests(self) -> int:
         """Requests the engine still holds: queued, running, or not yet drained."""
         return 0 if self._llm is None else self._llm.get_num_unfinished_requests()
