@@ -132,9 +132,19 @@ async def _start_once(svc: Services, principal: Principal, cmd: SubmitGeneration
     await _tokenizer_loaded(svc, principal, cmd)
     # By then admission must have decided (reading the log for ids included): 503 otherwise.
     decide_by = time.monotonic() + svc.settings.decision_timeout_s
-    tenant_id = principal.tenant_id
+    identified = await _identified(svc, principal.tenant_id, cmd, body=body, idempotency_key=idempotency_key,
+                                   id_prefix=id_prefix, decide_by=decide_by)
+    if isinstance(identified, idempotency.Replay):
+        return await replay_generation(svc, principal.tenant_id, identified.request_id, request=request)
+    return await _submitted(svc, principal, identified, request=request, t0=t0, decide_by=decide_by)
+
+
+async def _identified(svc: Services, tenant_id: str, cmd: SubmitGeneration, *, body: dict,
+                      idempotency_key: str | None, id_prefix: str,
+                      decide_by: float) -> SubmitGeneration | idempotency.Replay:
+    """The request with its id, or the generation an idempotent retry means (a replay)."""
     try:
-        identified = await outage.within(asyncio.ensure_future(asyncio.to_thread(
+        return await outage.within(asyncio.ensure_future(asyncio.to_thread(
             idempotency.identify, cmd, tenant_id=tenant_id, body=body, idempotency_key=idempotency_key,
             id_prefix=id_prefix, index=svc.index, now=datetime.now(timezone.utc),
             digests=svc.digests)), decide_by, "The event log", svc.log_watch)
@@ -143,10 +153,13 @@ async def _start_once(svc: Services, principal: Principal, cmd: SubmitGeneration
     except idempotency.RequestIdInUse as exc:
         raise ApiError(409, f"A generation with request_id '{exc.chosen}' already exists",
                        code="request_id_in_use", param="request_id") from None
-    if isinstance(identified, idempotency.Replay):
-        return await replay_generation(svc, tenant_id, identified.request_id, request=request)
-    cmd = identified
 
+
+async def _submitted(svc: Services, principal: Principal, cmd: SubmitGeneration, *, request: Request, t0: float,
+                     decide_by: float) -> Live:
+    """Submits the identified request with its stream followed from before it, and waits
+    for the stream's first event (admission's decision, or what came after it)."""
+    tenant_id = principal.tenant_id
     hub = svc.hub
     start = hub.position(partition_for(cmd.request_id, hub.partitions))
     sub = hub.subscribe(tenant_id, cmd.request_id)  # before submitting: no event can slip past
