@@ -62,8 +62,8 @@ class WrappedEngine(InferenceEngine):
         self._inner.close()
 
 
-class PacedEngine(WrappedEngine):
-    """The shared engine, handing out one token every `pause_s`: a long generation then
+class ThrottledEngine(WrappedEngine):
+    """The shared engine, throttled to one token every `pause_s`: a long generation then
     outlasts the test's set-up however fast the engine is. (vLLM merges the deltas a slow
     reader has not taken yet, so a delta may carry many tokens; they go out one by one.)"""
 

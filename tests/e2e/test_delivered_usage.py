@@ -9,7 +9,7 @@ from models.settings import Settings
 from pipelines.admin import commands as admin
 from tests.e2e.test_cancel import settlement
 from tests.e2e.test_streaming import sse_frames
-from tests.engine_wrappers import PacedEngine
+from tests.engine_wrappers import ThrottledEngine
 from tests.harness import MODEL_ALIAS
 from tests.helpers import wait_until
 
@@ -36,10 +36,10 @@ def test_the_reconnect_grace_is_a_setting():
 def test_a_client_that_drops_after_a_few_tokens_is_charged_what_was_generated_and_shown_both(platform, monkeypatch):
     monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 1.0)
     tenant_id, secret = platform.tenant()
-    pool = "paced-" + uuid.uuid4().hex[:8]
+    pool = "throttled-" + uuid.uuid4().hex[:8]
     admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
     # Paced: one token every 20 ms, so the engine makes dozens more during the grace.
-    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=PacedEngine(platform.runner.engine, 0.02))
+    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=ThrottledEngine(platform.runner.engine, 0.02))
     try:
         with platform.client(secret) as client:
             request_id = leave_after(client, LONG, 3)
@@ -65,10 +65,10 @@ def test_a_client_that_drops_and_whose_generation_ends_inside_the_grace_is_shown
     whole output as delivered: it shows what the stream had sent when the client left."""
     monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 5.0)
     tenant_id, secret = platform.tenant()
-    pool = "paced-" + uuid.uuid4().hex[:8]
+    pool = "throttled-" + uuid.uuid4().hex[:8]
     admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
     # 60 tokens, one every 10 ms: the rest is generated well inside the 5 s grace.
-    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=PacedEngine(platform.runner.engine, 0.01))
+    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=ThrottledEngine(platform.runner.engine, 0.01))
     body = {**LONG, "max_output_tokens": 60}
     try:
         with platform.client(secret) as client:

@@ -20,7 +20,7 @@ from pipelines.admin import commands as admin
 from pipelines.eventlog import EventLog, EventLogError
 from pipelines.publish import publish
 from tests.conftest import platform_both_ways
-from tests.engine_wrappers import PacedEngine
+from tests.engine_wrappers import ThrottledEngine
 from tests.harness import MODEL_ALIAS
 from tests.helpers import wait_until
 
@@ -63,7 +63,7 @@ def test_a_worker_killed_mid_stream_is_lost_in_seconds_and_settles_once(platform
     try:
         # Paced: 400 tokens take 20 s, so the crash always comes mid-stream.
         doomed = platform.start_worker(pool=pool, max_in_flight=1, log=worker_log, close=lambda: None,
-                                       engine=PacedEngine(platform.runner.engine, 0.05))
+                                       engine=ThrottledEngine(platform.runner.engine, 0.05))
         loops.append(doomed)
 
         long = {"model_alias": MODEL_ALIAS, "input": "tell a long story", "max_output_tokens": 400, "ignore_eos": True}

@@ -15,7 +15,7 @@ from tests.e2e.test_engine_health import (
     SETTLED_WITHIN_S, Fleet, one_assignment_each, settled, starts_by, terminal_of,
 )
 from tests.engine_fixture import engine_processes, tiny_engine_config
-from tests.engine_wrappers import PacedEngine
+from tests.engine_wrappers import ThrottledEngine
 from tests.fake_engine import FakeEngine
 from tests.helpers import wait_until
 from workers.engine import EngineDead, EngineRequest
@@ -33,7 +33,7 @@ def test_a_killed_engine_core_is_found_dead_within_seconds_and_its_stream_ends(t
     with EngineRunner(engine, name="doomed-engine") as runner:
         watch = EngineWatch(runner, engine, interval_s=1.0)
         # Paced: 400 tokens take 20 s, so the stream is in flight when the engine dies.
-        watched = WatchedEngine(PacedEngine(engine, 0.05), watch, runner)
+        watched = WatchedEngine(ThrottledEngine(engine, 0.05), watch, runner)
         deltas: list = []
 
         async def stream():
@@ -69,7 +69,7 @@ def test_a_worker_whose_engine_core_is_killed_fails_its_running_work_and_its_que
     try:
         engine = VllmEngine(tiny_engine_config(tiny_model_dir))
         # Paced: its generations are still running when the core dies.
-        doomed = fleet.worker(engine, "vllm", serving=PacedEngine(engine, 0.05))
+        doomed = fleet.worker(engine, "vllm", serving=ThrottledEngine(engine, 0.05))
         healthy = fleet.worker(FakeEngine(hold=False), "healthy")
         served = fleet.serve(doomed)
         fleet.loop(healthy)

@@ -1,5 +1,5 @@
 """The data plane's ceiling: output tokens carried per CPU core of the platform's own
-processes, with an engine that costs next to nothing (workers/paced_engine.py), at a fixed
+processes, with an engine that costs next to nothing (workers/synthetic_engine.py), at a fixed
 number of streams, on the embedded log and on Kafka; beside it, the front end of vLLM's own
 OpenAI server (its API process, the engine core apart) and the platform's processes on a
 vLLM engine, both on the tiny model at the same number of streams.
@@ -34,25 +34,25 @@ from tests.perf.results import record_run  # noqa: E402
 
 SECTION = "## Data plane: tokens per platform core"
 WORKLOAD = Path(__file__).with_name("loadtest_workload_data_plane.yaml")
-# The paced engine on each log; vLLM's own server; the platform on vLLM (tiny model).
+# The synthetic engine on each log; vLLM's own server; the platform on vLLM (tiny model).
 TARGETS = ["embedded", "kafka", "vllm", "embedded-vllm", "kafka-vllm"]
 KEY_VARS = ("LOADTEST_KEY_A", "LOADTEST_KEY_B", "LOADTEST_KEY_C", "LOADTEST_KEY_D")
 
 
 @contextmanager
 def platform_server(target: str, home: Path, streams: int, args):
-    """The platform as deployed with a seat for every stream: on the paced engine
+    """The platform as deployed with a seat for every stream: on the synthetic engine
     (`embedded`, `kafka`), or on vLLM with the tiny model (`embedded-vllm`, `kafka-vllm`)."""
     from tests.perf.deployed import deployed
     from workers.tiny_model import make_tiny_model
 
     log, _, engine = target.partition("-")
-    # The API counts prompt tokens with the model directory's tokenizer; the paced engine
+    # The API counts prompt tokens with the model directory's tokenizer; the synthetic engine
     # reads nothing else from it.
     model = make_tiny_model(home / "tiny", seed=0, shape="tiny")
     env = {"LEDGERLM_KV_CACHE_GB": str(args.kv_cache_gb)}
     if engine != "vllm":
-        env.update({"LEDGERLM_ENGINE_FACTORY": "workers.paced_engine:PacedEngine.from_settings",
+        env.update({"LEDGERLM_ENGINE_FACTORY": "workers.synthetic_engine:SyntheticEngine.from_settings",
                     "LEDGERLM_PACED_TOKENS_PER_S": str(args.tokens_per_s), "LEDGERLM_PACED_MAX_SEQS": str(streams),
                     "LEDGERLM_ENGINE_STATS": "0"})
     with deployed(log, model, home / f"platform-{target}-{streams}", max_seqs=streams, take_ahead=0,
@@ -114,7 +114,7 @@ def run_one(name: str, server, streams: int, args, profile: Path | None) -> dict
         per_process = {_role(pid): round(_cpu(pid) - before, 3) for pid, before in per_process.items()}
     [step] = result["steps"]
     tokens = step["output_tokens_per_s"] * step["duration_s"]
-    # The paced engine runs inside the worker's process, so there "cpu" is every process;
+    # The synthetic engine runs inside the worker's process, so there "cpu" is every process;
     # vLLM's engine core is a child of its server or of the worker, counted apart as "engine".
     row = {"target": name, "streams": streams, "output_tokens": round(tokens),
            "output_tokens_per_s": round(step["output_tokens_per_s"], 1), "cpu_s": round(front, 3),
@@ -157,7 +157,7 @@ def main() -> int:
     parser.add_argument("--streams", nargs="+", type=int, default=[64, 256])
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--tokens-per-s", type=float, default=50.0, help="each stream's rate on the paced engine")
+    parser.add_argument("--tokens-per-s", type=float, default=50.0, help="each stream's rate on the synthetic engine")
     parser.add_argument("--stream-linger-ms", type=float, default=None,
                         help="how long a generation's later tokens may wait to share a stream event (as deployed)")
     parser.add_argument("--kv-cache-gb", type=float, default=0.5, help="the vLLM engines only")

@@ -1,6 +1,6 @@
 """A stand-in engine that makes tokens at a set rate and costs next to nothing, so the
 platform's own ceiling (API, admission, worker, log) can be measured apart from any model:
-`LEDGERLM_ENGINE_FACTORY=workers.paced_engine:PacedEngine.from_settings`.
+`LEDGERLM_ENGINE_FACTORY=workers.synthetic_engine:SyntheticEngine.from_settings`.
 
 It steps the way a batching engine does: one clock for every running sequence, and at each
 step every sequence gets its next token, so N streams cost one wake-up a step, not N
@@ -20,10 +20,12 @@ from workers.engine import EngineDelta, EngineRequest, InferenceEngine
 _WORD = "tok "
 
 
-class PacedEngine(InferenceEngine):
+class SyntheticEngine(InferenceEngine):
+    """Tokens at a set pace from no model at all (what the module says)."""
+
     def __init__(self, tokens_per_s: float = 50.0, max_seqs: int = 256):
         if tokens_per_s <= 0 or max_seqs < 1:
-            raise ValueError("a paced engine needs a positive token rate and at least one sequence")
+            raise ValueError("a synthetic engine needs a positive token rate and at least one sequence")
         self.step_s = 1.0 / tokens_per_s
         self.max_seqs = max_seqs
         self._running: dict[str, asyncio.Future] = {}
@@ -33,7 +35,7 @@ class PacedEngine(InferenceEngine):
         self.steps = 0
 
     @classmethod
-    def from_settings(cls, settings) -> "PacedEngine":
+    def from_settings(cls, settings) -> "SyntheticEngine":
         return cls(float(os.environ.get("LEDGERLM_PACED_TOKENS_PER_S", "50")),
                    int(os.environ.get("LEDGERLM_PACED_MAX_SEQS", "256")))
 
@@ -98,7 +100,7 @@ class PacedEngine(InferenceEngine):
         return len(text.split())
 
     def engine_config_hash(self) -> str:
-        return f"paced-{self.step_s * 1000:g}ms-{self.max_seqs}"
+        return f"synthetic-{self.step_s * 1000:g}ms-{self.max_seqs}"
 
     def max_num_seqs(self) -> int:
         return self.max_seqs

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from workers.engine import EngineRequest
-from workers.paced_engine import PacedEngine
+from workers.synthetic_engine import SyntheticEngine
 
 
 def _request(rid: str, tokens: int) -> EngineRequest:
@@ -21,7 +21,7 @@ async def _drain(engine, rid, tokens):
 
 def test_every_stream_gets_a_token_a_step_at_the_set_rate():
     async def run():
-        engine = PacedEngine(tokens_per_s=100.0, max_seqs=64)
+        engine = SyntheticEngine(tokens_per_s=100.0, max_seqs=64)
         began = time.monotonic()
         results = await asyncio.gather(*(_drain(engine, f"r{i}", 10) for i in range(32)))
         return engine, time.monotonic() - began, results
@@ -38,7 +38,7 @@ def test_every_stream_gets_a_token_a_step_at_the_set_rate():
 
 def test_streams_past_the_seats_wait_for_a_free_one():
     async def run():
-        engine = PacedEngine(tokens_per_s=200.0, max_seqs=2)
+        engine = SyntheticEngine(tokens_per_s=200.0, max_seqs=2)
         await asyncio.gather(*(_drain(engine, f"r{i}", 5) for i in range(4)))
         return engine.steps
 
@@ -48,7 +48,7 @@ def test_streams_past_the_seats_wait_for_a_free_one():
 
 def test_abort_ends_a_stream_early_and_unknown_ids_are_ignored():
     async def run():
-        engine = PacedEngine(tokens_per_s=100.0, max_seqs=1)
+        engine = SyntheticEngine(tokens_per_s=100.0, max_seqs=1)
         got = []
 
         async def consume(rid):
@@ -73,4 +73,4 @@ def test_abort_ends_a_stream_early_and_unknown_ids_are_ignored():
 
 def test_a_rate_of_zero_is_refused():
     with pytest.raises(ValueError):
-        PacedEngine(tokens_per_s=0)
+        SyntheticEngine(tokens_per_s=0)
