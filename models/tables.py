@@ -11,6 +11,11 @@ from sqlalchemy import (
     String, Table, Text,
 )
 
+from models.limits import LIMITS
+
+LIMIT_COLUMN_TYPES = {"int": Integer, "bigint": BigInteger, "float": Float, "bool": Boolean,
+                      "name": lambda: String(64)}
+
 metadata = MetaData(naming_convention={
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -172,17 +177,9 @@ usage_daily = Table(
 tenant_limits = Table(
     "tenant_limits", metadata,
     Column("tenant_id", String(64), primary_key=True),
-    Column("requests_per_minute", Integer),
-    Column("max_concurrent", Integer),
-    Column("tokens_per_window", BigInteger),
-    Column("spend_per_window_micros", BigInteger),
-    Column("window_seconds", Integer),
-    Column("max_input_tokens", Integer),
-    Column("max_output_tokens", Integer),
-    Column("batch_tokens_per_window", BigInteger),
-    Column("pool", String(64)),
-    Column("fair_share_weight", Float),  # as in force: 1.0 when the event gave none
-    Column("may_send_high", Boolean),  # as in force: false when the event gave none
+    # A column per limit of the catalogue (`models.limits`), as in force: a limit's default
+    # where the events gave none (a new limit's column comes with a migration).
+    *(Column(spec.name, LIMIT_COLUMN_TYPES[spec.column_type]()) for spec in LIMITS),
     Column("changed_at", DateTime(timezone=True), nullable=False),
     Column("changed_by", String(200)),
     # The columns above are in force: the operator's grant (canonical JSON of its limits)

@@ -8,15 +8,14 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, tuple_
 
+from models.limits import DEFAULT_WINDOW_S, LIMIT_FIELDS, checked_by
 from models.quota import Limits
 from models.registry import ROLLOUT_STEPS
 from models.tables import admin_changes, audit_trail, batch_chunks, batches, generations, open_reservations, quota_usage, \
     tenant_limits, usage_ledger
 from pipelines.projections.generations import utc
-from pipelines.projections.quotas import LIMIT_FIELDS
 
 GroupBy = Literal["day", "model", "application"]
-DEFAULT_WINDOW_S = 3600  # when a tenant's limits name no window; as models.quota (admission)
 NO_LIMITS = Limits()  # what a tenant that never had a limits event has
 
 
@@ -163,20 +162,20 @@ def tenant_quota(db: Engine | Connection, tenant_id: str, now: datetime) -> dict
             select(func.count(), func.coalesce(func.sum(o.tokens), 0), func.coalesce(func.sum(o.cost_micros), 0))
             .where(o.tenant_id == tenant_id)).one()
 
-    def left(limit, *used):
-        return None if limit is None else max(0, limit - sum(int(u) for u in used))
+    used = {"requests_last_minute": int(requests_last_minute), "tokens": int(tokens), "cost_micros": int(cost)}
+    reserved = {"concurrent": int(open_count), "tokens": int(reserved_tokens), "cost_micros": int(reserved_cost)}
+    return {"tenant_id": tenant_id, "window_seconds": window, "limits": limits, "used": used, "reserved": reserved,
+            "remaining": {name: None if limits[name] is None else max(0, limits[name] - in_use)
+                          for name, in_use in limits_in_use(used, reserved).items()}}
 
-    return {
-        "tenant_id": tenant_id, "window_seconds": window, "limits": limits,
-        "used": {"requests_last_minute": int(requests_last_minute), "tokens": int(tokens), "cost_micros": int(cost)},
-        "reserved": {"concurrent": int(open_count), "tokens": int(reserved_tokens), "cost_micros": int(reserved_cost)},
-        "remaining": {
-            "requests_per_minute": left(limits["requests_per_minute"], requests_last_minute),
-            "max_concurrent": left(limits["max_concurrent"], open_count),
-            "tokens_per_window": left(limits["tokens_per_window"], tokens, reserved_tokens),
-            "spend_per_window_micros": left(limits["spend_per_window_micros"], cost, reserved_cost),
-        },
-    }
+
+def limits_in_use(used: dict, reserved: dict) -> dict:
+    """What counts against each limit of the tenant's use (`models.limits`: its rate,
+    concurrency and window checks), from `tenant_quota`'s `used` and `reserved`; open
+    reservations count in full, as admission counts them."""
+    counted = {"rate": lambda spec: used["requests_last_minute"], "concurrency": lambda spec: reserved["concurrent"],
+               "window": lambda spec: used[spec.measure] + reserved[spec.measure]}
+    return {spec.name: counted[spec.check](spec) for spec in checked_by(*counted)}
 
 
 AuditCursor = tuple[datetime, str, int, int]

@@ -17,15 +17,13 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from models import topics
-from models.authz import OWN_LIMIT_FIELDS, tighten
-from models.quota import DEFAULT_FAIR_SHARE_WEIGHT, Limits
+from models.authz import tighten
+from models.limits import LIMIT_FIELDS, LIMITS, OWN_LIMIT_FIELDS
+from models.quota import Limits
 from models.tables import open_reservations, quota_usage, tenant_limits
 from pipelines.projections.base import Event, Projection
 from pipelines.projections.sql import add_to, delete_by_keys, insert_new, select_by_keys, upsert
 
-LIMIT_FIELDS = ("requests_per_minute", "max_concurrent", "tokens_per_window", "spend_per_window_micros",
-                "window_seconds", "max_input_tokens", "max_output_tokens", "batch_tokens_per_window", "pool",
-                "fair_share_weight", "may_send_high")
 COUNTERS = ("requests", "tokens", "cost_micros")
 
 
@@ -94,16 +92,11 @@ def fold_limits(row: dict | None, e: Event) -> dict:
         grant = json.loads(row["granted"]) if row.get("granted") else {f: row[f] for f in LIMIT_FIELDS}
         own = json.loads(row["own_limits"]) if row.get("own_limits") else {}
     if e.type == "TenantLimitsChanged":
-        grant = {f: p.get(f) for f in LIMIT_FIELDS}
-        # Absent from events older than these two: the defaults were in force.
-        grant["fair_share_weight"] = float(p.get("fair_share_weight") or DEFAULT_FAIR_SHARE_WEIGHT)
-        grant["may_send_high"] = bool(p.get("may_send_high"))
+        # A limit absent from events older than it has its default.
+        grant = {spec.name: spec.normal(p.get(spec.name)) for spec in LIMITS}
     else:
         own = {f: p.get(f) for f in OWN_LIMIT_FIELDS}
-    base = Limits(**{**{f: grant.get(f) for f in LIMIT_FIELDS},
-                     "fair_share_weight": float(grant.get("fair_share_weight") or DEFAULT_FAIR_SHARE_WEIGHT),
-                     "may_send_high": bool(grant.get("may_send_high"))})
-    in_force = tighten(base, own)
+    in_force = tighten(Limits(**{spec.name: spec.normal(grant.get(spec.name)) for spec in LIMITS}), own)
     return {"tenant_id": p.get("tenant_id") or e.tenant_id, **in_force.as_dict(), "changed_at": e.at(),
             "changed_by": p.get("actor"), "granted": json.dumps(grant, sort_keys=True),
             "own_limits": json.dumps(own, sort_keys=True) if own else None}
