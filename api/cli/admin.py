@@ -10,22 +10,9 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from models.quota import LIMIT_FIELDS, MAX_FAIR_SHARE_WEIGHT, Limits
+from models.limits import LIMIT_FIELDS, LIMITS, MAX_FAIR_SHARE_WEIGHT
+from models.quota import Limits
 from models.settings import Settings
-
-LIMIT_HELP = {
-    "requests_per_minute": "admitted requests per minute",
-    "max_concurrent": "requests in flight at once",
-    "tokens_per_window": "input + reserved output tokens per window",
-    "spend_per_window_micros": "spend per window, in micro-units of the price",
-    "window_seconds": "length of the token and spend window (default 3600)",
-    "max_input_tokens": "largest prompt, in tokens",
-    "max_output_tokens": "largest max_output_tokens",
-    "batch_tokens_per_window": "tokens per window for batch jobs",
-    "pool": "dedicated pool name ('interactive' for the shared pool)",
-    "fair_share_weight": "share of a pool worker's tokens against other busy tenants (default 1.0)",
-    "may_send_high": "whether the tenant may send priority high: yes or no (default no)",
-}
 
 
 def _limit_value(text: str) -> int | None:
@@ -57,12 +44,20 @@ def _yes_no(text: str) -> bool | None:
     return answer
 
 
-LIMIT_TYPES = {"pool": _pool, "fair_share_weight": _weight, "may_send_high": _yes_no}
+# How a flag's text becomes a limit, by the limit's unit (`models.limits`).
+UNIT_PARSERS = {"requests": _limit_value, "tokens": _limit_value, "micros": _limit_value, "seconds": _limit_value,
+                "weight": _weight, "yes_no": _yes_no, "pool": _pool}
 
 
 def add_admin_parser(sub) -> None:
     parser = sub.add_parser("admin", help="tenants, keys, limits and models (appended to the log as admin events)")
     what = parser.add_subparsers(dest="what", required=True)
+    for add in (_tenant_parser, _key_parser, _limits_parser, _model_parser, _eval_parser, _cache_parser,
+                _router_parser):
+        add(what)
+
+
+def _tenant_parser(what) -> None:
     tenant = what.add_parser("tenant").add_subparsers(dest="action", required=True)
     create = tenant.add_parser("create")
     create.add_argument("tenant_id")
@@ -72,6 +67,9 @@ def add_admin_parser(sub) -> None:
     suspend.add_argument("tenant_id")
     suspend.add_argument("--reason")
     tenant.add_parser("reinstate").add_argument("tenant_id")
+
+
+def _key_parser(what) -> None:
     key = what.add_parser("key").add_subparsers(dest="action", required=True)
     issue = key.add_parser("issue")
     issue.add_argument("--tenant", required=True)
@@ -86,14 +84,23 @@ def add_admin_parser(sub) -> None:
     expire = key.add_parser("expire", help="set when a key stops authenticating")
     expire.add_argument("key_id")
     expire.add_argument("--at", type=_when, required=True, help="an ISO time with its timezone")
+
+
+def _limits_parser(what) -> None:
     limits = what.add_parser("limits").add_subparsers(dest="action", required=True)
     set_ = limits.add_parser("set", help="change some limits; 'none' lifts one")
     set_.add_argument("tenant_id")
-    for name in LIMIT_FIELDS:
-        kind = LIMIT_TYPES.get(name, _limit_value)
-        set_.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=argparse.SUPPRESS,
-                          help=LIMIT_HELP[name])
+    for spec in LIMITS:  # a flag per limit of the catalogue
+        set_.add_argument(limit_flag(spec.name), dest=spec.name, type=UNIT_PARSERS[spec.unit],
+                          default=argparse.SUPPRESS, help=spec.help)
     limits.add_parser("show").add_argument("tenant_id")
+
+
+def limit_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _model_parser(what) -> None:
     model = what.add_parser("model").add_subparsers(dest="action", required=True)
     approve = model.add_parser("approve", help="approve a pinned revision and point an alias at it")
     approve.add_argument("--alias", required=True)
@@ -114,6 +121,9 @@ def add_admin_parser(sub) -> None:
     retire.add_argument("revision")
     retire.add_argument("--reason")
     model.add_parser("delete-alias", help="remove an alias for every tenant").add_argument("alias")
+
+
+def _eval_parser(what) -> None:
     evals = what.add_parser("eval", help="the eval table: per task and revision, a quality score in [0, 1]") \
         .add_subparsers(dest="action", required=True)
     upload = evals.add_parser("upload", help="record a table's rows (CSV with a header, or JSON lines)")
@@ -122,6 +132,9 @@ def add_admin_parser(sub) -> None:
     show = evals.add_parser("show", help="each task and revision's latest score")
     show.add_argument("--task")
     show.add_argument("--revision")
+
+
+def _cache_parser(what) -> None:
     cache = what.add_parser("cache", help="a tenant's semantic cache per alias (off until turned on)") \
         .add_subparsers(dest="action", required=True)
     policy = cache.add_parser("set", help="turn a tenant's cache for an alias on or off; unset options stay")
@@ -137,6 +150,9 @@ def add_admin_parser(sub) -> None:
     dead.add_argument("--alias")
     dead.add_argument("--reason")
     cache.add_parser("show", help="the tenant's cache policies").add_argument("tenant_id")
+
+
+def _router_parser(what) -> None:
     routers = what.add_parser("router", help="router aliases: rules choosing a revision, and fallbacks") \
         .add_subparsers(dest="action", required=True)
     set_router = routers.add_parser("set", help="an alias's rules (a JSON list) and fallback revisions")
@@ -148,9 +164,7 @@ def add_admin_parser(sub) -> None:
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
-    from pipelines.admin import commands as admin
-
-    return print_admin_lines(settings, lambda view, actor: _run(admin, view, args, actor, settings))
+    return print_admin_lines(settings, lambda view, actor: _run(view, args, actor, settings))
 
 
 def print_admin_lines(settings: Settings, lines) -> int:
@@ -180,51 +194,75 @@ def _when(text: str) -> datetime:
     return when
 
 
-def _run(admin, view, args, actor: str, settings: Settings):
+def _run(view, args, actor: str, settings: Settings):
+    """The JSON lines of one verb (a generator: a command's refusal is raised as it is read)."""
+    if args.what == "model":
+        return _model_lines(view, args, actor, settings)
+    lines = {"tenant": _tenant_lines, "key": _key_lines, "limits": _limits_lines, "eval": _eval_lines,
+             "cache": _cache_lines, "router": _router_lines}[args.what]
+    return lines(view, args, actor)
+
+
+def _tenant_lines(view, args, actor: str):
+    from pipelines.admin import commands as admin
     from pipelines.admin import tenants as admin_tenants
 
-    what, action = args.what, args.action
-    if what == "tenant" and action == "create":
+    if args.action == "create":
         admin.create_tenant(view, tenant_id=args.tenant_id, name=args.name or args.tenant_id, actor=actor)
         yield {"tenant_id": args.tenant_id}
-    elif what == "tenant" and action == "list":
+    elif args.action == "list":
         registry = view.refresh()
         for tenant in registry.tenants.values():
             yield {"tenant_id": tenant.tenant_id, "name": tenant.name,
                    "limits": registry.limits_for(tenant.tenant_id).as_dict()}
-    elif what == "tenant" and action in ("suspend", "reinstate"):
-        if action == "suspend":
+    else:  # suspend, reinstate
+        if args.action == "suspend":
             admin_tenants.suspend_tenant(view, tenant_id=args.tenant_id, actor=actor, reason=args.reason)
         else:
             admin_tenants.reinstate_tenant(view, tenant_id=args.tenant_id, actor=actor)
-        yield {"tenant_id": args.tenant_id, "suspended": action == "suspend"}
-    elif what == "key" and action == "issue":
+        yield {"tenant_id": args.tenant_id, "suspended": args.action == "suspend"}
+
+
+def _key_lines(view, args, actor: str):
+    from pipelines.admin import commands as admin
+    from pipelines.admin import tenants as admin_tenants
+
+    if args.action == "issue":
         secret, env = admin.issue_key(view, tenant_id=args.tenant, actor=actor, application_id=args.application,
                                       scopes=tuple(args.scopes.split(",")), expires_at=args.expires_at)
         yield {"key_id": env.payload.key_id, "api_key": secret, "tenant_id": args.tenant}
-    elif what == "key" and action == "rotate":
+    elif args.action == "rotate":
         until = datetime.now(timezone.utc) + timedelta(seconds=args.old_valid_for_s)
         secret, events = admin_tenants.rotate_key(view, key_id=args.key_id, actor=actor, old_valid_until=until)
         yield {"key_id": events[0].payload.key_id, "api_key": secret, "tenant_id": events[0].payload.tenant_id,
                "rotated_from": args.key_id, "old_key_expires_at": view.refresh().expires[args.key_id].isoformat()}
-    elif what == "key" and action == "expire":
+    elif args.action == "expire":
         admin_tenants.set_key_expiry(view, key_id=args.key_id, expires_at=args.at, actor=actor)
         yield {"key_id": args.key_id, "expires_at": args.at.isoformat()}
-    elif what == "key" and action == "revoke":
+    else:  # revoke
         admin.revoke_key(view, key_id=args.key_id, actor=actor)
         yield {"revoked": args.key_id}
-    elif what == "limits" and action == "set":
+
+
+def _limits_lines(view, args, actor: str):
+    from pipelines.admin import commands as admin
+
+    if args.action == "set":
         changes = {name: getattr(args, name) for name in LIMIT_FIELDS if hasattr(args, name)}
         env = admin.set_limits(view, tenant_id=args.tenant_id, actor=actor, **changes)
         yield {"tenant_id": args.tenant_id, **Limits.from_payload(env.payload).as_dict()}
-    elif what == "limits" and action == "show":
+    else:  # show
         registry = view.refresh()
         if args.tenant_id not in registry.tenants:
             raise admin.AdminNotFound(f"tenant {args.tenant_id!r} does not exist")
         yield {"tenant_id": args.tenant_id, **registry.limits_for(args.tenant_id).as_dict()}
-    elif what == "model" and action == "approve":
-        from pipelines import artifacts
 
+
+def _model_lines(view, args, actor: str, settings: Settings):
+    from pipelines import artifacts
+    from pipelines.admin import commands as admin
+
+    if args.action == "approve":
         # the directory's files are digested where it is on this machine; elsewhere the
         # revision is approved without them (and a worker serves it unchecked)
         digests = artifacts.artifact_digests(Path(args.path)) if Path(args.path).is_dir() else None
@@ -236,22 +274,16 @@ def _run(admin, view, args, actor: str, settings: Settings):
                             artifact_signature=args.signature, **artifacts.approval_policy(settings))
         revision = view.refresh().revisions[args.revision]
         yield {"alias": args.alias, "model_revision": args.revision, **artifacts.describe(revision)}
-    elif what == "model" and action == "alias":
+    elif args.action == "alias":
         admin.set_alias(view, alias=args.alias, model_revision=args.revision, actor=actor,
                         allowed_tenants=tuple(args.tenants.split(",")))
         yield {"alias": args.alias, "model_revision": args.revision}
-    elif what == "model" and action == "retire":
+    elif args.action == "retire":
         admin.retire_revision(view, model_revision=args.revision, actor=actor, reason=args.reason)
         yield {"model_revision": args.revision, "retired": True}
-    elif what == "model" and action == "delete-alias":
+    else:  # delete-alias
         admin.delete_alias(view, alias=args.alias, actor=actor)
         yield {"alias": args.alias, "deleted": True}
-    elif what == "eval":
-        yield from _eval_lines(view, args, actor)
-    elif what == "cache":
-        yield from _cache_lines(view, args, actor)
-    elif what == "router":
-        yield from _router_lines(view, args, actor)
 
 
 def _router_lines(view, args, actor: str):

@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model
 
 from api.admin_access import Actor, OperatorDep, TenantAdminDep
 from api.deps import ServicesDep
 from api.errors import ApiError
 from models.authz import ungrantable_scopes
 from models.events_admin import Scope
-from models.quota import MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S
+from models.limits import LIMITS, body_field
 from pipelines import artifacts
 from pipelines.admin import commands as admin
 from pipelines.admin import tenants as admin_tenants
@@ -54,22 +54,11 @@ class KeyBody(BaseModel):
     expires_at: AwareDatetime | None = None
 
 
-class LimitsBody(BaseModel):
-    """Only the fields sent change; null lifts a limit."""
-
-    model_config = ConfigDict(extra="forbid")
-    requests_per_minute: int | None = Field(default=None, ge=0)
-    max_concurrent: int | None = Field(default=None, ge=0)
-    tokens_per_window: int | None = Field(default=None, ge=0)
-    spend_per_window_micros: int | None = Field(default=None, ge=0)
-    window_seconds: int | None = Field(default=None, gt=0, le=MAX_WINDOW_S)
-    max_input_tokens: int | None = Field(default=None, ge=0)
-    max_output_tokens: int | None = Field(default=None, ge=0)
-    batch_tokens_per_window: int | None = Field(default=None, ge=0)
-    pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    # Null restores the default: weight 1.0, and no right to send priority `high`.
-    fair_share_weight: float | None = Field(default=None, gt=0, le=MAX_FAIR_SHARE_WEIGHT)
-    may_send_high: bool | None = None
+# Only the fields sent change; null lifts a limit, or restores its default (weight 1.0, no
+# right to send priority `high`). A field per limit of the catalogue (`models.limits`).
+LimitsBody = create_model("LimitsBody", __config__=ConfigDict(extra="forbid"), __module__=__name__,
+                          __doc__="Only the fields sent change; null lifts a limit.",
+                          **{spec.name: body_field(spec) for spec in LIMITS})
 
 
 class ModelBody(BaseModel):
