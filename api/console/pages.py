@@ -14,8 +14,9 @@ from api.console.auth import ConsoleRefusal, UserDep
 from api.console.render import bar_chart, count, page
 from api.routes.batch_deps import batch_services
 from api.deps import projection_db
+from models.limits import LIMITS, checked_by
 from pipelines.projections import console as reads
-from pipelines.projections.queries import tenant_quota
+from pipelines.projections.queries import limits_in_use, tenant_quota
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 DEFAULT_DAYS = 30
@@ -89,40 +90,37 @@ def usage(request: Request, user: UserDep, tenant: str | None = None, start: str
                 token_chart=bar_chart(tokens, title="Tokens per day", unit=count))
 
 
-LIMIT_ROWS = (  # (field, what it bounds)
-    ("requests_per_minute", "requests admitted in any 60 s"),
-    ("max_concurrent", "requests open at once"),
-    ("tokens_per_window", "input and output tokens per window, open reservations counted in full"),
-    ("spend_per_window_micros", "spend per window, open reservations counted in full"),
-    ("max_input_tokens", "input tokens of one request"),
-    ("max_output_tokens", "output tokens one request may ask for"),
-    ("batch_tokens_per_window", "batch tokens per window"),
-)
-
-
 def limit_rows(registry, tenant_id: str, quota: dict) -> list[dict]:
-    """Each limit as admission enforces it (the registry's limits in force: the grant
-    tightened by the tenant's own), what is used and what remains. A limit that is not
-    set is said to be unset and what still bounds it is named: never 'unlimited'."""
+    """Each ceiling of the catalogue (`models.limits`) as admission enforces it (the
+    registry's limits in force: the grant tightened by the tenant's own), what is used and
+    what remains. A limit that is not set is said to be unset and what still bounds it is
+    named: never 'unlimited'."""
     in_force, grant = registry.limits_for(tenant_id), registry.grant_for(tenant_id)
     own = registry.own_limits.get(tenant_id) or {}
-    used = {"requests_per_minute": quota["used"]["requests_last_minute"],
-            "max_concurrent": quota["reserved"]["concurrent"],
-            "tokens_per_window": quota["used"]["tokens"] + quota["reserved"]["tokens"],
-            "spend_per_window_micros": quota["used"]["cost_micros"] + quota["reserved"]["cost_micros"]}
+    used = limits_in_use(quota["used"], quota["reserved"])
     context = max((r.max_model_len for r in registry.revisions.values()), default=None)
     rows = []
-    for name, what in LIMIT_ROWS:
-        limit = getattr(in_force, name)
+    for spec in LIMITS:
+        if not spec.ceiling:
+            continue
+        limit = getattr(in_force, spec.name)
         bound = None
-        if limit is None and name in ("max_input_tokens", "max_output_tokens") and context:
+        if limit is None and spec.check == "request" and spec.unit == "tokens" and context:
             bound = f"not set: bounded by the model's context ({context:,} tokens at most)"
         elif limit is None:
             bound = "not set"
-        rows.append({"name": name, "what": what, "limit": limit, "granted": getattr(grant, name),
-                     "own": own.get(name), "used": used.get(name), "bound": bound,
-                     "remaining": None if limit is None or name not in used else max(0, limit - used[name])})
+        rows.append({"name": spec.name, "what": spec.label, "unit": spec.unit, "limit": limit,
+                     "granted": getattr(grant, spec.name), "own": own.get(spec.name), "used": used.get(spec.name),
+                     "bound": bound, "remaining": None if limit is None or spec.name not in used
+                     else max(0, limit - used[spec.name])})
     return rows
+
+
+def standing_rows(limits) -> list[dict]:
+    """The catalogue's standings (not ceilings: the pool, the fair-share weight, the right
+    to send `high`), each with its label and its value as shown."""
+    return [{"name": spec.name, "label": spec.label, "shown": spec.shown(getattr(limits, spec.name))}
+            for spec in checked_by("standing")]
 
 
 @router.get("/limits")
@@ -132,10 +130,16 @@ def limits(request: Request, user: UserDep, tenant: str | None = None):
         return page(request, "pick_tenant.html", user=user, title="Limits and budgets", target="/console/limits")
     registry = user.registry
     quota = tenant_quota(projection_db(request), tenant_id, datetime.now(timezone.utc))
+    return page(request, "limits.html", user=user, **limits_context(registry, tenant_id, quota))
+
+
+def limits_context(registry, tenant_id: str, quota: dict) -> dict:
+    """What the limits page shows of a tenant (`limits.html`)."""
     in_force = registry.limits_for(tenant_id)
-    return page(request, "limits.html", user=user, tenant_id=tenant_id, rows=limit_rows(registry, tenant_id, quota),
-                window_s=in_force.window.total_seconds(), window_default=in_force.window_seconds is None,
-                limits=in_force, suspended=tenant_id in registry.suspended, quota=quota)
+    return {"tenant_id": tenant_id, "rows": limit_rows(registry, tenant_id, quota),
+            "standings": standing_rows(in_force), "window_s": in_force.window.total_seconds(),
+            "window_default": in_force.window_seconds is None, "suspended": tenant_id in registry.suspended,
+            "quota": quota}
 
 
 STATUSES = ("requested", "queued", "running", "completed", "failed", "cancelled", "rejected", "expired")
