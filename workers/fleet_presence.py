@@ -8,7 +8,10 @@ heartbeats), and `close` gives up after `close_timeout_s`.
 
 `worker_presence` is an interactive worker's presence: its identity from the engine it
 loaded, and its load at each heartbeat (queue, slots, KV cache, output rate, the work
-partitions it owns).
+partitions it owns). `FleetMembership` is when the worker speaks: it joins once, warm
+(its engine looked at first; a worker whose engine is dead never joins), says it drains
+when its engine dies, and leaves with the exit code its process ends with; or falls
+silent, as a crash would leave it.
 """
 from __future__ import annotations
 
@@ -207,3 +210,35 @@ def worker_presence(worker, log, *, revision: str, engine_config_hash: str, runn
                     prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
     return FleetPresence(log, identity, load, interval_s=interval_s)
 
+
+class FleetMembership:
+    """When a worker speaks on the fleet topic, through `presence` (None: a worker with no
+    revision, which says nothing): it joins once, and only while `engine_dead()` is False."""
+
+    def __init__(self, presence: FleetPresence | None, engine_dead: Callable[[], bool]):
+        self._presence, self._engine_dead = presence, engine_dead
+        self._joined = False
+
+    def join(self) -> None:
+        """Announces the worker and starts its heartbeats (once)."""
+        if self._presence is not None and not self._joined and not self._engine_dead():
+            self._joined = True
+            self._presence.start()
+
+    def engine_died(self) -> None:
+        """Says the worker drains: it takes no more work."""
+        if self._presence is not None and self._joined:
+            self._presence.draining("engine_dead")
+
+    def silence(self) -> None:
+        """Stops its heartbeats without saying it left (what a crash leaves behind)."""
+        if self._presence is not None:
+            self._presence.silence()
+
+    def leave(self, engine_dead: bool, exit_code: int) -> None:
+        """Stops its heartbeats and says it left: for its dead engine, with `exit_code`."""
+        if self._presence is not None and self._joined:
+            if engine_dead:
+                self._presence.close("engine_dead", exit_code=exit_code)
+            else:
+                self._presence.close("shutdown")
