@@ -4,7 +4,8 @@ two model revisions served side by side.
 Approves two revisions: SmolLM2-135M-Instruct, a real small model (prepared once under the
 platform's home; `LEDGERLM_MODEL` names another directory instead), and the tiny random
 model. Starts one interactive worker per revision, each engine computing on CPUs of its
-own, then admission and the API, as child processes. Streams a chat answer from the real
+own, then admission and the API, as child processes (`ledgerlm serve`, as
+`api.cli.processes` declares them). Streams a chat answer from the real
 model and a few tokens from the tiny one, prints the requests' events read back from the
 log, and stops every child before returning. Every wait has a deadline and says what it
 waits for.
@@ -243,11 +244,13 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through the ExitStack, which stops the children
 
 
-def run_demo(settings: Settings) -> int:
+def run_demo(settings: Settings, processes: dict) -> int:
+    """`processes`: the platform's, as `api.cli.processes.PROCESSES` declares them by name; the
+    demo starts those on the interactive path (`Process.demo`), a worker per revision first."""
     began = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        return _run(settings, began)
+        return _run(settings, processes, began)
     except RuntimeError as exc:
         print(f"\ndemo failed: {exc}", file=sys.stderr)
         return 1
@@ -255,90 +258,117 @@ def run_demo(settings: Settings) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(settings: Settings, began: float) -> int:
+def _run(settings: Settings, processes: dict, began: float) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("LEDGERLM_KV_CACHE_GB", KV_CACHE_GB)
     logs = settings.ensure_home() / "logs"
     logs.mkdir(exist_ok=True)
-    py = sys.executable
-    workers = [py, "-m", "workers"]
+    real_alias, revisions = _approve_both(settings, env)
+    secret = _credentials(settings)
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    worker = processes["worker"]
+    with ExitStack() as stack:
+        children: list[Child] = []
+        stack.callback(_stop_all, children)
 
-    def step(what: str, argv: list[str], step_env: dict[str, str], timeout_s: float) -> str:
-        print(f"{what} (up to {timeout_s:g} s) ...", flush=True)
-        try:
-            done = subprocess.run(argv, env=step_env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{' '.join(argv[1:])} did not finish within {timeout_s:g} s") from None
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        return done.stdout.strip().splitlines()[-1]
+        def start(name: str, argv: list[str], child_env: dict[str, str]) -> Child:
+            children.append(Child(name, argv, child_env, logs))
+            return children[-1]
 
+        real_ready = _start_workers(start, worker, env, real_alias)
+        _start_platform(start, [p for p in processes.values() if p.demo and p is not worker],
+                        beside_worker(env, real_ready), base, secret, [real_alias, TINY_ALIAS])
+        _converse(settings, base, secret, real_alias, revisions)
+    print(f"done in {time.monotonic() - began:.0f} s")
+    return 0
+
+
+def _step(what: str, argv: list[str], env: dict[str, str], timeout_s: float) -> str:
+    """Runs a command to its end; its last line of output."""
+    print(f"{what} (up to {timeout_s:g} s) ...", flush=True)
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{' '.join(argv[1:])} did not finish within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[1:])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _approve_both(settings: Settings, env: dict[str, str]) -> tuple[str, dict]:
+    """Approves the real model (prepared first, unless `LEDGERLM_MODEL` names one) and the
+    tiny one: (the real model's alias, what each approval printed, by alias)."""
+    workers = [sys.executable, "-m", "workers"]
     real_alias = REAL_ALIAS if settings.model is None else \
         (settings.model_alias if settings.model_alias != TINY_ALIAS else "model")
     real_model = settings.model
     if real_model is None:
-        real_model = step("preparing SmolLM2-135M-Instruct (once; later runs find it prepared)",
-                          [*workers, "model", "prepare-small"], env, 600)
+        real_model = _step("preparing SmolLM2-135M-Instruct (once; later runs find it prepared)",
+                           [*workers, "model", "prepare-small"], env, 600)
     tiny_env = {k: v for k, v in env.items() if k != "LEDGERLM_MODEL"}
-    revisions = {
-        real_alias: json.loads(step(f"approving {real_model} as '{real_alias}'", [*workers, "model", "approve",
-                                    "--alias", real_alias], {**env, "LEDGERLM_MODEL": str(real_model)}, 300)),
-        TINY_ALIAS: json.loads(step(f"approving the tiny random model as '{TINY_ALIAS}'",
-                                    [*workers, "model", "approve", "--alias", TINY_ALIAS], tiny_env, 300)),
+    return real_alias, {
+        real_alias: json.loads(_step(f"approving {real_model} as '{real_alias}'", [*workers, "model", "approve",
+                                     "--alias", real_alias], {**env, "LEDGERLM_MODEL": str(real_model)}, 300)),
+        TINY_ALIAS: json.loads(_step(f"approving the tiny random model as '{TINY_ALIAS}'",
+                                     [*workers, "model", "approve", "--alias", TINY_ALIAS], tiny_env, 300)),
     }
-    secret = _credentials(settings)
-    base = f"http://{settings.api_host}:{settings.api_port}"
+
+
+def _start_workers(start, worker, env: dict[str, str], real_alias: str) -> dict:
+    """A worker per revision, each engine computing on CPUs of its own; the tiny worker's
+    own threads, like the API's and admission's, run beside the tiny engine. Returns the
+    real model's worker's ready line once both serve."""
     real_cpus, tiny_cpus = split_cpus(os.sched_getaffinity(0))
-    with ExitStack() as stack:
-        children: list[Child] = []
+    real = start(f"worker-{real_alias}", worker.argv("--alias", real_alias),
+                 {**env, "VLLM_CPU_OMP_THREADS_BIND": real_cpus})
+    tiny = start("worker-tiny", worker.argv("--alias", TINY_ALIAS),
+                 {"LEDGERLM_CPUS": tiny_cpus, **env, "VLLM_CPU_OMP_THREADS_BIND": tiny_cpus})
+    print(f"waiting for two workers to load and warm their engines ('{real_alias}' on CPU {real_cpus}, "
+          f"'{TINY_ALIAS}' on CPU {tiny_cpus}; up to {WORKER_READY_S} s) ...", flush=True)
+    deadline = time.monotonic() + WORKER_READY_S
+    real_ready = json.loads(real.wait_for_line(worker.ready_says, deadline - time.monotonic()))
+    tiny.wait_for_line(worker.ready_says, max(1.0, deadline - time.monotonic()))
+    print(f"engines compute on CPUs: '{real_alias}' {format_cpu_list(engine_bound_cpus(real)) or 'any'}, "
+          f"'{TINY_ALIAS}' {format_cpu_list(engine_bound_cpus(tiny)) or 'any'} (bound threads, from /proc)")
+    return real_ready
 
-        def start(name: str, argv: list[str], child_env: dict[str, str]) -> Child:
-            child = Child(name, argv, child_env, logs)
-            children.append(child)
-            return child
 
-        stack.callback(_stop_all, children)
-        # Each engine binds its compute threads to CPUs of its own; the tiny worker's own
-        # threads, like the API's and admission's, run beside the tiny engine.
-        real = start(f"worker-{real_alias}", [*workers, "serve", "worker", "--alias", real_alias],
-                     {**env, "VLLM_CPU_OMP_THREADS_BIND": real_cpus})
-        tiny = start("worker-tiny", [*workers, "serve", "worker", "--alias", TINY_ALIAS],
-                     {"LEDGERLM_CPUS": tiny_cpus, **env, "VLLM_CPU_OMP_THREADS_BIND": tiny_cpus})
-        print(f"waiting for two workers to load and warm their engines ('{real_alias}' on CPU {real_cpus}, "
-              f"'{TINY_ALIAS}' on CPU {tiny_cpus}; up to {WORKER_READY_S} s) ...", flush=True)
-        deadline = time.monotonic() + WORKER_READY_S
-        real_ready = json.loads(real.wait_for_line('"ready": true', deadline - time.monotonic()))
-        tiny.wait_for_line('"ready": true', max(1.0, deadline - time.monotonic()))
-        print(f"engines compute on CPUs: '{real_alias}' {format_cpu_list(engine_bound_cpus(real)) or 'any'}, "
-              f"'{TINY_ALIAS}' {format_cpu_list(engine_bound_cpus(tiny)) or 'any'} (bound threads, from /proc)")
-        platform_env = beside_worker(env, real_ready)
-        for name in ("admission", "api"):  # both stop cleanly on a signal at any time
-            start(name, [py, "-m", "api.cli", "serve", name], platform_env).ready = True
-        print(f"waiting for the API at {base} and its view of the fleet (up to 60 s) ...", flush=True)
-        _wait_http(base + "/healthz", 60)
-        fleet = _wait_fleet(base, secret, [real_alias, TINY_ALIAS], 30)
-        for alias in (real_alias, TINY_ALIAS):
-            serving = fleet[alias]["serving"]
-            print(f"fleet: '{alias}' -> {fleet[alias]['model_revision']} "
-                  f"({serving['workers']} worker, {serving['free_slots']} free slots)")
+def _start_platform(start, processes: list, env: dict[str, str], base: str, secret: str,
+                    aliases: list[str]) -> None:
+    """The rest of the interactive path (admission and the API), until the API's view of
+    the fleet has a live worker for every alias."""
+    for process in processes:
+        child = start(process.name, process.argv(), env)
+        if process.ready_says:
+            child.wait_for_line(process.ready_says, 60)
+        else:
+            child.ready = True  # it stops cleanly on a signal at any time
+    print(f"waiting for the API at {base} and its view of the fleet (up to 60 s) ...", flush=True)
+    _wait_http(base + "/healthz", 60)
+    fleet = _wait_fleet(base, secret, aliases, 30)
+    for alias in aliases:
+        serving = fleet[alias]["serving"]
+        print(f"fleet: '{alias}' -> {fleet[alias]['model_revision']} "
+              f"({serving['workers']} worker, {serving['free_slots']} free slots)")
 
-        print(f"\n--- {real_alias} ({revisions[real_alias]['model_revision']}): chat, greedy ---")
-        print(f"user: {QUESTION}\nassistant: ", end="", flush=True)
-        real_request, _ = _stream(base, secret, "/v1/chat/completions", {
-            "model": real_alias, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 48,
-            "temperature": 0, "stream": True}, _chat_text)
-        print(f"\n--- {TINY_ALIAS} ({revisions[TINY_ALIAS]['model_revision']}): random weights, so noise ---")
-        print(f"{TINY_PROMPT}", end="", flush=True)
-        tiny_request, _ = _stream(base, secret, "/v1/generations", {
-            "model_alias": TINY_ALIAS, "input": TINY_PROMPT, "max_output_tokens": 12, "temperature": 0,
-            "stream": True}, _generation_text)
 
-        ran = {alias: _print_events(settings, alias, request_id)
-               for alias, request_id in ((real_alias, real_request), (TINY_ALIAS, tiny_request))}
-        print()
-        for alias, started in ran.items():
-            if started is None:
-                raise RuntimeError(f"no GenerationStarted for {alias}'s request")
-            print(f"'{alias}' ran on worker {started['worker_id']}, revision {started['model_revision']}")
-    print(f"done in {time.monotonic() - began:.0f} s")
-    return 0
+def _converse(settings: Settings, base: str, secret: str, real_alias: str, revisions: dict) -> None:
+    """A chat with the real model and a few tokens of the tiny one, streamed, then each
+    request's events read back from the log and where it ran."""
+    print(f"\n--- {real_alias} ({revisions[real_alias]['model_revision']}): chat, greedy ---")
+    print(f"user: {QUESTION}\nassistant: ", end="", flush=True)
+    real_request, _ = _stream(base, secret, "/v1/chat/completions", {
+        "model": real_alias, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 48,
+        "temperature": 0, "stream": True}, _chat_text)
+    print(f"\n--- {TINY_ALIAS} ({revisions[TINY_ALIAS]['model_revision']}): random weights, so noise ---")
+    print(f"{TINY_PROMPT}", end="", flush=True)
+    tiny_request, _ = _stream(base, secret, "/v1/generations", {
+        "model_alias": TINY_ALIAS, "input": TINY_PROMPT, "max_output_tokens": 12, "temperature": 0,
+        "stream": True}, _generation_text)
+    ran = {alias: _print_events(settings, alias, request_id)
+           for alias, request_id in ((real_alias, real_request), (TINY_ALIAS, tiny_request))}
+    print()
+    for alias, started in ran.items():
+        if started is None:
+            raise RuntimeError(f"no GenerationStarted for {alias}'s request")
+        print(f"'{alias}' ran on worker {started['worker_id']}, revision {started['model_revision']}")

@@ -5,8 +5,8 @@
     ledgerlm batch status ID | cancel ID | download ID [-o DIR] | list
 
 The key comes from --api-key or LEDGERLM_API_KEY, the server from --api-url,
-LEDGERLM_API_URL or the settings' api_host and api_port. Also the long-running
-processes `ledgerlm serve batch-dispatcher` and `ledgerlm serve batch-worker`.
+LEDGERLM_API_URL or the settings' api_host and api_port. The long-running processes
+`ledgerlm serve batch-dispatcher` and `ledgerlm serve batch-worker` are `api.cli.processes`'.
 """
 from __future__ import annotations
 
@@ -161,45 +161,4 @@ def _download(client, job_id: str, directory: Path) -> int:
         print(f"batch {job_id} is {job['status']} and has no files yet", file=sys.stderr)
         return 1
     print(json.dumps(saved))
-    return 0
-
-
-def serve_dispatcher(settings: Settings) -> int:
-    """`ledgerlm serve batch-dispatcher`: validates, queues, settles and finalizes batches."""
-    import signal
-    import threading
-
-    from pipelines.batch.dispatcher import dispatcher_from_settings
-    from pipelines.bootstrap import Bootstrap
-    from pipelines.metrics import dispatcher_metrics, serve_metrics
-    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
-
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    platform = Bootstrap(settings)
-    log = platform.event_log()
-    dispatcher = dispatcher_from_settings(settings, log, platform)
-    readiness = Readiness("batch-dispatcher")
-    server = serve_metrics(settings, dispatcher_metrics(dispatcher), readiness_registry(readiness))
-    print(json.dumps({"batch_dispatcher": "ready", "metrics_port": server and server.port}), flush=True)
-    try:
-        dispatcher.run(stop, readiness)  # transient log errors are waited out inside
-    except Exception as exc:
-        return exit_on_fatal("batch-dispatcher", exc)
-    finally:
-        if server is not None:
-            server.close()
-        dispatcher.close()
-        log.close()
-    return 0
-
-
-def serve_worker(settings: Settings) -> int:
-    """`ledgerlm serve batch-worker`: one Celery worker process with one warm engine;
-    run more of them (on more hosts) to scale out."""
-    argv = [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", settings.batch_queue,
-            "-c", "1", "--pool", "prefork", "-l", os.environ.get("LEDGERLM_LOG_LEVEL", "INFO"),
-            "--include", "workers.batch_metrics"]  # its child serves the chunks' metrics
-    os.execv(sys.executable, argv)
     return 0

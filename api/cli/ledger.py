@@ -1,6 +1,5 @@
 """`ledgerlm` verbs for projections, the audit trail, replay and usage reports:
 
-    ledgerlm serve projector                       keep every projection up to date
     ledgerlm projections status|digest|run         lag per projection, table digests, catch up once
     ledgerlm audit verify                          recompute the chains, check trail and signatures
     ledgerlm replay --into DB_URL                  rebuild every projection into an empty database
@@ -11,70 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from api.projector import audit_signer, dev_key_refusal, projection_runner
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
 
 logger = logging.getLogger(__name__)
 
 
-def _signer(settings: Settings):
-    from pipelines.signing import signer_from_key
-
-    return signer_from_key(settings.audit_signing_key)
-
-
-def _runner(settings: Settings, log, *, batch_events: int = 5000, migrate: bool = True):
-    from migrations.runner import upgrade
-    from pipelines.projections import all_projections
-    from pipelines.projections.runner import ProjectionRunner
-
-    if migrate:  # the projector brings its schema to head, so a quick start needs no extra step
-        upgrade(settings.database_url)
-    engine = Bootstrap(settings).projection_db()
-    return ProjectionRunner(log, engine, all_projections(_signer(settings)), batch_events=batch_events), engine
-
-
 def _refused(settings: Settings) -> bool:
-    from pipelines.signing import dev_key_refused
-
-    why = dev_key_refused(settings)
-    if why:
-        print(f"ledgerlm: {why}", file=sys.stderr)
-    return bool(why)
-
-
-def serve_projector(settings: Settings, _: argparse.Namespace) -> int:
-    if _refused(settings):
-        return 2
-    logging.getLogger("pipelines.projections").setLevel(logging.INFO)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    from pipelines.audit.seal import Sealer
-    from pipelines.metrics import projector_metrics, serve_metrics
-    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
-
-    readiness = Readiness("projector", stall_s=None)  # a long catch-up is work, not a stall
-    with Bootstrap(settings).event_log() as log:
-        runner, engine = _runner(settings, log)
-        server = serve_metrics(settings, projector_metrics(runner), readiness_registry(readiness))
-        sealer = Sealer(engine, _signer(settings), settings.audit_seal_every_s).start()
-        print(json.dumps({"projector": "ready", "metrics_port": server and server.port}), flush=True)
-        try:
-            runner.run(stop, readiness=readiness)  # transient log and database errors are waited out inside
-        except Exception as exc:
-            return exit_on_fatal("projector", exc)
-        finally:
-            sealer.stop()  # seals the heads once more: the trail ends signed
-            if server is not None:
-                server.close()
-            engine.dispose()
-    return 0
+    refusal = dev_key_refusal(settings)
+    if refusal:
+        print(refusal, file=sys.stderr)
+    return bool(refusal)
 
 
 def _print_digests(digests, as_json: bool) -> None:
@@ -97,13 +47,13 @@ def _projections(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "run" and _refused(settings):
         return 2
     with platform.event_log() as log:
-        runner, engine = _runner(settings, log, batch_events=args.batch_events, migrate=args.action == "run")
+        runner, engine = projection_runner(settings, log, batch_events=args.batch_events, migrate=args.action == "run")
         try:
             if args.action == "run":
                 from pipelines.audit.seal import seal_heads
 
                 applied = runner.run_until_caught_up()
-                seal_heads(engine, _signer(settings))  # what it chained ends signed
+                seal_heads(engine, audit_signer(settings))  # what it chained ends signed
                 print(json.dumps({"applied": applied}))
             lags = runner.lag()
         finally:
@@ -121,7 +71,7 @@ def _audit(settings: Settings, args: argparse.Namespace) -> int:
     from pipelines.audit.verify import verify
 
     platform = Bootstrap(settings)
-    verifier = Ed25519Verifier.from_base64(args.public_key) if args.public_key else _signer(settings)
+    verifier = Ed25519Verifier.from_base64(args.public_key) if args.public_key else audit_signer(settings)
     engine = platform.projection_db(args.db)
     with platform.event_log(create_topics=False) as log:
         report = verify(log, engine, verifier, checkpoint_every=args.checkpoint_every or CHECKPOINT_EVERY)
@@ -148,7 +98,7 @@ def _replay(settings: Settings, args: argparse.Namespace) -> int:
 
     with Bootstrap(settings).event_log(create_topics=False) as log:
         try:
-            result = replay(log, args.into, _signer(settings), batch_events=args.batch_events)
+            result = replay(log, args.into, audit_signer(settings), batch_events=args.batch_events)
         except ReplayTargetNotEmpty as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -1,122 +1,17 @@
-"""The `ledgerlm` command. Verbs translate arguments into a call of a handler; verbs that
-run inference (`serve worker`, `model ...`) are carried out by `python -m workers`, a
-separate entrypoint, so this module never imports the engine."""
+"""The `ledgerlm` command. Verbs translate arguments into a call of a handler. `serve NAME`
+runs one of the platform's processes as `api.cli.processes` declares it; the model tools
+(`model ...`) are carried out by `python -m workers`, a separate entrypoint."""
 from __future__ import annotations
 
 import argparse
-import json
 import importlib
 import logging
 import os
-import signal
 import sys
-import threading
-from datetime import timedelta
 
 from api.cli.admin import add_admin_parser
+from api.cli.processes import PROCESSES, add_serve_parser, serve
 from models.settings import Settings
-from pipelines.process_tuning import tune_process
-
-# Long-running processes offered by feature modules: {name: handler(settings, args)}.
-SERVE_HANDLERS: dict = {}
-
-
-def _serve_projector(settings: Settings, args: argparse.Namespace) -> int:
-    from api.cli.ledger import serve_projector
-
-    return serve_projector(settings, args)
-
-
-SERVE_HANDLERS["projector"] = _serve_projector
-
-
-def _serve_rollouts(settings: Settings, _: argparse.Namespace) -> int:
-    """The rollout guardrails (`pipelines.rollouts.controller`), until SIGINT or SIGTERM."""
-    from pipelines.bootstrap import Bootstrap
-    from pipelines.outage import exit_on_fatal, is_transient
-    from pipelines.rollouts.controller import RolloutController
-    from pipelines.cache.similarity import Embedder, model_dir
-
-    platform = Bootstrap(settings)
-    log = platform.event_log()
-    controller = RolloutController(log, platform.registry_view(log),
-                                   embedder=Embedder(model_dir(settings.home)))
-    stop = _stop_on_signal()
-    print(json.dumps({"rollouts": "ready"}), flush=True)
-    try:
-        while not stop.is_set():
-            try:
-                controller.run_once(0.2)
-            except Exception as exc:  # a log away now may answer next time
-                if not is_transient(exc):
-                    raise
-                stop.wait(1.0)
-    except Exception as exc:
-        return exit_on_fatal("rollouts", exc)
-    finally:
-        controller.close()
-        log.close()
-    return 0
-
-
-SERVE_HANDLERS["rollouts"] = _serve_rollouts
-
-
-def _serve_batch(settings: Settings, args: argparse.Namespace) -> int:
-    from api.cli import batch as cli_batch
-
-    serve = cli_batch.serve_dispatcher if args.process == "batch-dispatcher" else cli_batch.serve_worker
-    return serve(settings)
-
-
-SERVE_HANDLERS["batch-dispatcher"] = SERVE_HANDLERS["batch-worker"] = _serve_batch
-
-
-def _serve_api(settings: Settings, _: argparse.Namespace) -> int:
-    import uvicorn
-
-    from api.app import build_services, create_app
-
-    app = create_app(build_services(settings))
-    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="warning")
-    return 0
-
-
-def _stop_on_signal() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
-
-
-def _serve_admission(settings: Settings, _: argparse.Namespace) -> int:
-    from pipelines.admission.processor import AdmissionProcessor
-    from pipelines.bootstrap import Bootstrap
-    from pipelines.admission.capacity import QueueBound
-    from pipelines.admission.metrics import AdmissionMetrics
-    from pipelines.metrics import serve_metrics
-    from pipelines.outage import Readiness, exit_on_fatal, readiness_registry
-
-    platform = Bootstrap(settings)
-    log = platform.event_log()
-    metrics = AdmissionMetrics.from_settings(settings)
-    readiness = Readiness("admission")
-    processor = AdmissionProcessor(log, platform.registry_view(log), grace=timedelta(seconds=settings.grace_s),
-                                   on_written=metrics.written, lost_after_s=settings.worker_lost_after_s,
-                                   queue_bound=QueueBound.from_settings(settings), floors=platform.service_floors(),
-                                   affinity_slack=settings.work_affinity_slack)
-    server = serve_metrics(settings, metrics.follow(processor).registry, readiness_registry(readiness))
-    stop = _stop_on_signal()
-    try:
-        processor.run(stop, readiness)  # transient log errors are waited out inside
-    except Exception as exc:
-        return exit_on_fatal("admission", exc)
-    finally:
-        processor.close()
-        log.close()
-        if server is not None:
-            server.close()
-    return 0
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
@@ -135,15 +30,14 @@ def _db(settings: Settings, args: argparse.Namespace) -> int:
 def _demo(settings: Settings, _: argparse.Namespace) -> int:
     from api.demo import run_demo
 
-    return run_demo(settings)
+    return run_demo(settings, PROCESSES)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ledgerlm", description="event-sourced multi-tenant LLM platform")
     sub = parser.add_subparsers(dest="verb", required=True)
 
-    serve = sub.add_parser("serve", help="run one of the platform's processes")
-    serve.add_argument("process", choices=["api", "admission", "worker", *SERVE_HANDLERS])
+    add_serve_parser(sub)
 
     add_admin_parser(sub)
 
@@ -165,7 +59,7 @@ FEATURE_MODULES: list[str] = ["api.cli.ledger", "api.cli.batch", "api.cli.fleet"
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
-    if argv[:1] == ["model"] or argv[:2] == ["serve", "worker"]:
+    if argv[:1] == ["model"]:
         os.execv(sys.executable, [sys.executable, "-m", "workers", *argv])
     parser = build_parser()
     handlers = dict(HANDLERS)
@@ -175,12 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     if args.verb == "serve":
-        try:
-            tune_process(settings, args.process)
-        except ValueError as exc:  # CPUs this process may not use: say so, start nothing
-            parser.error(f"LEDGERLM_CPUS: {exc}")
-        serve = {"api": _serve_api, "admission": _serve_admission, **SERVE_HANDLERS}
-        return serve[args.process](settings, args)
+        return serve(settings, args, parser)
     return handlers[args.verb](settings, args)
 
 

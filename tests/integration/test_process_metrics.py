@@ -175,11 +175,11 @@ async def _record(stats: EngineStats, scheduler, iteration) -> None:
 
 
 def test_projector_serves_its_lag_per_projection(tmp_path, open_log):
-    from api.cli.ledger import _runner
+    from api.projector import projection_runner
 
     settings = Settings(home=tmp_path / "home")
     log = open_log()
-    runner, engine = _runner(settings, log)
+    runner, engine = projection_runner(settings, log)
     server = MetricsServer(projector_metrics(runner), port=0)
     try:
         view = RegistryView(open_log())

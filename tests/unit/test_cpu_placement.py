@@ -100,12 +100,12 @@ def test_cpus_this_process_may_not_use_are_refused_and_nothing_moves():
 SERVE_PROBE = AFFINITIES + """
     import json, os
     import api.cli.main
-    import workers.__main__ as worker_main
+    import api.cli.processes
     seen = {}
     def record(*_args, **_kwargs):
         seen["cpus"] = affinities()
         return 0
-    api.cli.main._serve_api = api.cli.main._serve_admission = worker_main.serve_worker = record
+    api.cli.processes.run = record  # where `serve` has tuned the process, before it starts anything
     {call}
     print(json.dumps(seen))
 """
@@ -122,7 +122,7 @@ def test_the_api_and_admission_run_where_the_setting_says(process):
 def test_a_worker_starts_with_every_cpu_whatever_the_setting():
     """Its engine's processes inherit where it runs, and must be free to bind their own."""
     _, second = two_cpus()
-    result = in_child(SERVE_PROBE.replace("{call}", "assert worker_main.main(['serve', 'worker']) == 0"),
+    result = in_child(SERVE_PROBE.replace("{call}", "assert api.cli.main.main(['serve', 'worker']) == 0"),
                       LEDGERLM_CPUS=str(second))
     assert result["cpus"] == [ALLOWED]
 
@@ -130,7 +130,7 @@ def test_a_worker_starts_with_every_cpu_whatever_the_setting():
 PLACE_PROBE = AFFINITIES + """
     import json, os
     from models.settings import Settings
-    from workers.__main__ import place_beside_engine
+    from workers.serving import place_beside_engine
     class Engine:
         def compute_cpus(self):
             return set(json.loads(os.environ["BOUND"]))

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import psutil
 import pytest
@@ -94,27 +95,25 @@ def switch_interval():
 
 def test_every_serving_process_sets_the_configured_switch_interval(monkeypatch, switch_interval):
     import api.cli.main
-    import workers.__main__ as worker_main
+    import api.cli.processes as processes
 
     seen = {}
 
-    def record(name):
-        def serve(*_args, **_kwargs):
-            seen[name] = sys.getswitchinterval()
-            sys.setswitchinterval(0.005)
-            return 0
-        return serve
+    def run(process, *_args, **_kwargs):
+        seen[process.name] = sys.getswitchinterval()
+        sys.setswitchinterval(0.005)
+        return 0
 
     monkeypatch.setenv("LEDGERLM_SWITCH_INTERVAL_MS", "2.5")
-    monkeypatch.setattr(api.cli.main, "_serve_api", record("api"))
-    monkeypatch.setattr(api.cli.main, "_serve_admission", record("admission"))
-    monkeypatch.setattr(worker_main, "serve_worker", record("worker"))
-    sys.setswitchinterval(0.005)
-    assert api.cli.main.main(["serve", "api"]) == 0
-    assert api.cli.main.main(["serve", "admission"]) == 0
-    assert worker_main.main(["serve", "worker"]) == 0
-    assert seen == {"api": pytest.approx(0.0025), "admission": pytest.approx(0.0025),
-                    "worker": pytest.approx(0.0025)}
+    monkeypatch.delenv("LEDGERLM_CPUS", raising=False)
+    monkeypatch.setattr(processes, "run", run)
+    monkeypatch.setattr(processes, "stop_on_signal", threading.Event)  # the session's own handlers stay
+    in_process = [name for name, process in processes.PROCESSES.items() if process.exec_argv is None]
+    assert {"api", "admission", "worker", "projector", "rollouts"} <= set(in_process)
+    for name in in_process:
+        sys.setswitchinterval(0.005)
+        assert api.cli.main.main(["serve", name]) == 0
+    assert seen == {name: pytest.approx(0.0025) for name in in_process}
 
 
 def test_the_switch_interval_defaults_to_one_millisecond_and_must_be_positive(monkeypatch):
