@@ -7,8 +7,12 @@ the `Limits` record and `decide`), who may tighten what (`models.authz`), the ad
 `models.tables`), the admin routes and CLI (`api.routes.admin`, `api.cli.admin`) and the
 console's limits page (`api.console.pages`).
 
-Adding a limit is one entry here (with `late` left True: older events must keep their
-bytes) plus its test, and a migration adding its column to `tenant_limits`.
+Adding a limit of a kind below is one entry here (with `late` left True: older events must
+keep their bytes), a migration adding its column to `tenant_limits` (filled with its
+default, as a replay would), and a test of what it does; `tests/unit/test_limits_catalogue.py`
+already walks every entry through every reader. A `standing` or `batch` limit also needs
+the code that applies it; a new kind of check needs its check in `models.quota` and its
+use counted in `pipelines.projections.queries.limits_in_use`.
 
 How a limit is checked (`check`):
 
@@ -47,7 +51,7 @@ MAX_FAIR_SHARE_WEIGHT = 1000.0  # a ratio of 1000:1 already starves the lighter 
 POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # an entry is itself: hashable, compared by identity
 class LimitSpec:
     """One limit. `None` as its value is no limit (or, where `default` is set, the default)."""
 
@@ -162,18 +166,20 @@ def _is_none(value) -> bool:
 
 def _validate(limits: tuple[LimitSpec, ...]) -> None:
     """A malformed entry fails at import, not when a reader first meets it."""
-    if len(BY_NAME) != len(limits):
+    if len({spec.name for spec in limits}) != len(limits):
         raise ValueError("a limit is declared twice")
     for spec in limits:
-        wrong = []
         if spec.unit not in UNIT_TYPES or spec.check not in CEILINGS + ("window_length", "standing"):
-            wrong.append("unknown unit or check")
+            raise ValueError(f"limit {spec.name}: unknown unit {spec.unit!r} or check {spec.check!r}")
+        wrong = []
         if spec.column_type not in COLUMN_TYPES:
             wrong.append(f"column {spec.column_type!r}")
         if spec.own and not (spec.ceiling and spec.kind is int):
             wrong.append("only a ceiling can be tightened by the tenant's own limits")
         if spec.check in ("request", "window") and not spec.measure:
             wrong.append("a request or window check names its measure")
+        if spec.check == "window" and spec.measure not in ("tokens", "cost_micros"):
+            wrong.append("a window holds tokens and cost_micros only")
         if spec.check in ("request", "rate", "concurrency", "window") and not (spec.reason and spec.refusal):
             wrong.append("admission's check needs a reason and a refusal")
         if wrong:

@@ -20,7 +20,7 @@ from models import topics
 from models.authz import beyond_grant, tighten
 from models.events import encode, new_event
 from models.events_admin import TenantLimitsChanged, TenantOwnLimitsChanged
-from models.limits import BY_NAME, LIMIT_FIELDS, LIMITS, OWN_LIMIT_FIELDS, LimitSpec, checked_by
+from models.limits import BY_NAME, LIMIT_FIELDS, LIMITS, OWN_LIMIT_FIELDS, LimitSpec, _validate, checked_by
 from models.quota import APPLIED_ELSEWHERE, REQUEST_CHECKS, USE_CHECKS, Ask, Limits, Reject, TenantUsage, decide
 from models.registry import Registry
 from models.tables import tenant_limits
@@ -54,6 +54,26 @@ def test_the_catalogue_is_consistent():
     assert OWN_LIMIT_FIELDS == tuple(spec.name for spec in LIMITS if spec.own)
     assert all(spec.ceiling and spec.kind is int for spec in LIMITS if spec.own)
     assert tuple(spec.name for spec in LIMITS if not spec.late) == FIRST_SHAPE
+
+
+@pytest.mark.parametrize("spec,says", [
+    (LimitSpec("x", "furlongs", "rate", label="x", help="x"), "unknown unit"),
+    (LimitSpec("x", "tokens", "window", label="x", help="x", reason="r", refusal="m"), "names its measure"),
+    (LimitSpec("x", "tokens", "window", measure="input_tokens", label="x", help="x", reason="r", refusal="m"),
+     "tokens and cost_micros only"),
+    (LimitSpec("x", "requests", "rate", label="x", help="x"), "a reason and a refusal"),
+    (LimitSpec("x", "pool", "standing", own=True, label="x", help="x"), "only a ceiling"),
+    (LimitSpec("x", "tokens", "batch", column="text", label="x", help="x"), "column 'text'"),
+])
+def test_a_malformed_entry_is_refused_with_what_is_wrong(spec, says):
+    with pytest.raises(ValueError, match=says):
+        _validate((spec,))
+
+
+def test_a_limit_declared_twice_is_refused():
+    _validate(LIMITS)
+    with pytest.raises(ValueError, match="declared twice"):
+        _validate((*LIMITS, LIMITS[0]))
 
 
 def test_the_record_has_every_limit_with_its_default():
