@@ -16,10 +16,7 @@ from dataclasses import dataclass, field, make_dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from models.limits import (  # noqa: F401 (the policy's constants, where its readers look for them)
-    DEFAULT_FAIR_SHARE_WEIGHT, DEFAULT_WINDOW_S, LIMIT_FIELDS, LIMITS, MAX_FAIR_SHARE_WEIGHT, MAX_WINDOW_S, LimitSpec,
-    checked_by,
-)
+from models.limits import DEFAULT_WINDOW_S, LIMIT_FIELDS, LIMITS, MAX_WINDOW_S, LimitSpec, checked_by
 
 RATE_WINDOW = timedelta(seconds=60)
 # Nobody knows when an open reservation will settle; a client told to come back this soon
