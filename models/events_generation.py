@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from models.event_types import Payload, event
 
@@ -38,12 +38,29 @@ class Timings(Payload):
     duration_ms: int = Field(default=0, ge=0)
 
 
+class StructuredOutput(Payload):
+    """What the output must be: any JSON object, or JSON that validates against a schema
+    (the client's schema as JSON text, its keys in the client's order, which is the order
+    the engine writes properties in). Checked by the API before anything is reserved."""
+
+    kind: Literal["json_object", "json_schema"]
+    json_schema: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="after")
+    def _schema_with_its_kind(self):
+        if (self.kind == "json_schema") != (self.json_schema is not None):
+            raise ValueError("a structured output has a json_schema when its kind is 'json_schema', and only then")
+        return self
+
+
 class Sampling(Payload):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Absent (and left out of the bytes, so older events encode as before): free text.
+    structured_output: StructuredOutput | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("PromptSubmitted")

@@ -31,6 +31,10 @@ class EngineRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Structured output: the text is JSON matching this schema (JSON text), or with
+    # `json_object`, any JSON object. An engine that cannot hold output to it refuses the request.
+    json_schema: str | None = None
+    json_object: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,11 +201,14 @@ class _Generation:
 
     def _engine_request(self, prompt: str) -> EngineRequest:
         req, sampling = self._req, self._req.sampling
+        structured = sampling.structured_output
         return EngineRequest(
             request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
             tenant_id=self._queued.tenant_id, priority=self._priority,
             temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
             stop=sampling.stop, ignore_eos=sampling.ignore_eos,
+            json_schema=structured.json_schema if structured else None,
+            json_object=structured is not None and structured.kind == "json_object",
         )
 
     def _emit(self, delta: EngineDelta) -> None:

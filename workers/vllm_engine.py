@@ -242,20 +242,18 @@ class VllmEngine(InferenceEngine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:
         from vllm.exceptions import VLLMClientError
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         llm = self._running()
         if not request.tenant_id:
             raise InvalidEngineRequest("tenant_id is required: it salts the prefix cache")
         try:
+            structured = (StructuredOutputsParams(json=request.json_schema) if request.json_schema is not None
+                          else StructuredOutputsParams(json_object=True) if request.json_object else None)
             params = SamplingParams(
-                max_tokens=request.max_output_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                seed=request.seed,
-                stop=list(request.stop) or None,
-                ignore_eos=request.ignore_eos,
-                output_kind=RequestOutputKind.DELTA,
+                max_tokens=request.max_output_tokens, temperature=request.temperature, top_p=request.top_p,
+                seed=request.seed, stop=list(request.stop) or None, ignore_eos=request.ignore_eos,
+                structured_outputs=structured, output_kind=RequestOutputKind.DELTA,
             )
             (engine_input,) = await llm.renderer.render_cmpl_async(
                 [{"prompt": request.prompt, "cache_salt": request.tenant_id}]

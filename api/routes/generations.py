@@ -3,7 +3,7 @@ collected), read its status, cancel it. Its event stream is in `api.routes.strea
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
@@ -38,6 +38,8 @@ class GenerationBody(SamplingFields):
     # Who the caller's end user is, if it says: during a rollout, requests naming one user
     # stay on one revision (otherwise the tenant's application does).
     user: str | None = Field(default=None, min_length=1, max_length=256)
+    # As on `/v1/chat/completions` (`models.response_format`): `json_object` or `json_schema`.
+    response_format: dict[str, Any] | None = None
 
 
 @router.post("/v1/generations")
@@ -46,7 +48,7 @@ async def create_generation(body: GenerationBody, principal: GenerateDep, svc: S
     cmd = SubmitGeneration(
         request_id=body.request_id, model_alias=body.model_alias, prompt=body.input,
         max_output_tokens=body.max_output_tokens, deadline_ms=body.deadline_ms, priority=body.priority,
-        sampling=sampling_of(body), user=body.user, tag=route_tag,
+        sampling=await sampling_of(body, body.response_format), user=body.user, tag=route_tag,
     )
     live = await start_generation(svc, principal, cmd, request=request, body=body.model_dump(mode="json"),
                                   idempotency_key=idempotency_key, id_prefix="gen_")

@@ -5,6 +5,8 @@ A completion's `id` is its generation's id: `GET /v1/generations/{id}` and its e
 work on it. Parameters OpenAI defines but ledgerlm does not do (tools, logprobs, n > 1,
 echo...) are refused with a 400 rather than silently ignored; unknown extra fields are
 ignored, as vLLM's server does (they still count as the body for `Idempotency-Key`). Extensions: `deadline_ms`, `priority`, `ignore_eos`.
+`response_format` (`text`, `json_object`, `json_schema`) holds the output to JSON on both
+routes (`models.response_format`).
 """
 from __future__ import annotations
 
@@ -62,14 +64,15 @@ class _Common(SamplingFields):
     user: str | None = None
     deadline_ms: int | None = Field(default=None, gt=0, le=24 * 3600 * 1000)
     priority: Literal["high", "normal"] = "normal"
+    # OpenAI's shape, checked (with its schema) by `api.sampling`, which names the part that is wrong.
+    response_format: dict[str, Any] | None = None
 
-    def sampling(self) -> Sampling:
-        return sampling_of(self)
+    async def sampling(self) -> Sampling:
+        return await sampling_of(self, self.response_format)
 
     def refuse_unsupported(self, names: tuple[str, ...]) -> None:
         for name in names:
-            value = (self.model_extra or {}).get(name)
-            if value and not (name == "response_format" and isinstance(value, dict) and value.get("type") == "text"):
+            if (self.model_extra or {}).get(name):
                 raise ApiError(400, f"'{name}' is not supported", code="unsupported_parameter", param=name)
 
 
@@ -87,7 +90,7 @@ class CompletionBody(_Common):
 
 
 _UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "logprobs", "top_logprobs", "logit_bias",
-                     "response_format", "audio", "prediction")
+                     "audio", "prediction")
 _UNSUPPORTED_TEXT = ("logprobs", "logit_bias", "suffix")
 
 
@@ -99,7 +102,7 @@ async def chat_completions(body: ChatBody, principal: GenerateDep, svc: Services
         request_id=None, model_alias=body.model, prompt=None,
         messages=tuple(m.as_template_input() for m in body.messages),
         max_output_tokens=body.max_completion_tokens or body.max_tokens, deadline_ms=body.deadline_ms,
-        priority=body.priority, sampling=body.sampling(), route="chat.completions", user=body.user, tag=route_tag)
+        priority=body.priority, sampling=await body.sampling(), route="chat.completions", user=body.user, tag=route_tag)
     return await _respond(svc, principal, cmd, body, request, idempotency_key, "chat", "chatcmpl-")
 
 
@@ -114,7 +117,7 @@ async def completions(body: CompletionBody, principal: GenerateDep, svc: Service
         raise ApiError(400, "prompt: exactly one prompt per request", code="invalid_value", param="prompt")
     cmd = SubmitGeneration(
         request_id=None, model_alias=body.model, prompt=prompts[0], max_output_tokens=body.max_tokens,
-        deadline_ms=body.deadline_ms, priority=body.priority, sampling=body.sampling(), route="completions",
+        deadline_ms=body.deadline_ms, priority=body.priority, sampling=await body.sampling(), route="completions",
         user=body.user, tag=route_tag)
     return await _respond(svc, principal, cmd, body, request, idempotency_key, "text", "cmpl-")
 
