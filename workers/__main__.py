@@ -6,7 +6,9 @@
                                             process), which `api.cli.processes` declares and runs
     python -m workers model make-tiny DIR   generate the small local model
     python -m workers model approve         approve the configured model under its alias
-                                            (with its files' digests; --signature S)
+                                            (with its files' digests; --signature S; --revision
+                                            NAME; --price-input-per-1k-micros N and
+                                            --price-output-per-1k-micros N)
     python -m workers model sign DIR        its files' digests, signed with --key
     python -m workers model keygen          a new artifact signing key and its public key
 """
@@ -26,19 +28,23 @@ from pipelines.bootstrap import Bootstrap
 from workers.serving import model_dir
 
 
-def approve(settings: Settings, log, *, alias: str | None = None, signature: str | None = None) -> str:
-    """Approves the configured model with its files' digests (and `signature` over them)."""
+def approve(settings: Settings, log, *, alias: str | None = None, signature: str | None = None,
+            revision: str | None = None, price_input_per_1k_micros: int = 0,
+            price_output_per_1k_micros: int = 0) -> str:
+    """Approves the configured model with its files' digests (and `signature` over them) as
+    `revision` (by default its directory's name and engine config hash), at these prices."""
     from pipelines import artifacts
     from pipelines.admin.commands import approve_model
 
     platform = Bootstrap(settings)
     path = model_dir(settings).resolve()
     config_hash = platform.engine(model=path).engine_config_hash()  # the port's hash: no engine starts
-    revision = f"{path.name}@{config_hash[:12]}"
+    revision = revision or f"{path.name}@{config_hash[:12]}"
     approve_model(platform.registry_view(log), alias=alias or settings.model_alias, model_revision=revision,
                   model_path=str(path), engine_config_hash=config_hash, max_model_len=settings.max_model_len,
                   actor=os.environ.get("USER", "worker"), artifact_digests=artifacts.artifact_digests(path),
-                  artifact_signature=signature, **artifacts.approval_policy(settings))
+                  artifact_signature=signature, price_input_per_1k_micros=price_input_per_1k_micros,
+                  price_output_per_1k_micros=price_output_per_1k_micros, **artifacts.approval_policy(settings))
     return revision
 
 
@@ -64,12 +70,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with Bootstrap(settings).event_log() as log:
         try:
-            revision = approve(settings, log, alias=args.alias, signature=args.signature)
+            revision = approve(settings, log, alias=args.alias, signature=args.signature, revision=args.revision,
+                               price_input_per_1k_micros=args.price_input_per_1k_micros,
+                               price_output_per_1k_micros=args.price_output_per_1k_micros)
         except (AdminError, ArtifactError) as exc:
             print(f"ledgerlm model approve: {exc}", file=sys.stderr)
             return 2
         print(json.dumps({"model_revision": revision}))
     return 0
+
+
+PRICE_FLAGS = ("--price-input-per-1k-micros", "--price-output-per-1k-micros")
+
+
+def micros(text: str) -> int:
+    """A price flag's value: a whole number of micro-units, not negative."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of micros, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a price is not negative")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +106,11 @@ def _parser() -> argparse.ArgumentParser:
     small.add_argument("directory", type=Path, nargs="?", help="default: models/ under the platform's home")
     appr = model.add_parser("approve", help="approve the configured model revision under an alias")
     appr.add_argument("--alias")
+    appr.add_argument("--revision", help="the revision's name (default: the directory's name @ its engine "
+                                         "config hash), e.g. smollm2@v2")
     appr.add_argument("--signature", help="a trusted key's signature over the model's files (model sign)")
+    for flag in PRICE_FLAGS:  # as `ledgerlm admin model approve` takes them
+        appr.add_argument(flag, type=micros, default=0, help="micro-units of currency per 1000 tokens (default 0)")
     sign = model.add_parser("sign", help="digest a model directory and sign it with an Ed25519 key")
     sign.add_argument("directory", type=Path)
     sign.add_argument("--key", default=os.environ.get("LEDGERLM_ARTIFACT_SIGNING_KEY"),
