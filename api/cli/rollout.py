@@ -11,6 +11,7 @@ by admin events (`pipelines.rollouts.commands`), printed as JSON lines.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from models.settings import Settings
 
@@ -57,11 +58,27 @@ def register(verbs) -> dict:
     return {"rollout": _run, "route": _run}
 
 
+class NoRollout(LookupError):
+    """`rollout status ALIAS` for an alias without the rollout asked for."""
+
+
 def _run(settings: Settings, args: argparse.Namespace) -> int:
     from api.cli.admin import print_admin_lines
     from pipelines.rollouts import commands as rollouts
 
-    return print_admin_lines(settings, lambda view, actor: _lines(rollouts, view, args, actor))
+    try:
+        return print_admin_lines(settings, lambda view, actor: _lines(rollouts, view, args, actor))
+    except NoRollout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _none_for(registry, alias: str, ended_too: bool) -> str:
+    if alias not in registry.aliases:
+        return f"alias {alias!r} does not exist (aliases: {', '.join(sorted(registry.aliases)) or 'none'})"
+    if ended_too:
+        return f"alias {alias!r} has had no rollout"
+    return f"alias {alias!r} has no rollout under way (--all shows ended ones too)"
 
 
 def _lines(rollouts, view, args, actor: str):
@@ -80,9 +97,11 @@ def _lines(rollouts, view, args, actor: str):
     elif action == "status":
         registry = view.refresh()
         shown = registry.rollouts.values() if args.all else registry.open_rollouts.values()
-        for rollout in sorted(shown, key=lambda r: r.started_at):
-            if args.alias is None or rollout.alias == args.alias:
-                yield rollouts.describe(rollout)
+        found = [r for r in sorted(shown, key=lambda r: r.started_at) if args.alias in (None, r.alias)]
+        if args.alias is not None and not found:
+            raise NoRollout(_none_for(registry, args.alias, args.all))
+        for rollout in found:
+            yield rollouts.describe(rollout)
     else:
         command = getattr(rollouts, action)
         options = {"reason": args.reason} if action == "rollback" else {}
