@@ -1,19 +1,34 @@
 """A streaming client that goes away early: its tenant is charged for what the engine
 generated (during the reconnect grace too), and the usage shows what was delivered
-beside it. The grace is a setting (`disconnect_grace_s`)."""
+beside it. The grace is a setting (`disconnect_grace_s`).
+
+Where the engine's pace decides what a test sees, the request goes to a revision of its
+own on an engine of known speed (`tests.fleet_pool`, `tests.slow_engine`); a completed
+generation runs on the platform's vLLM engine."""
 from __future__ import annotations
 
-import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from models.settings import Settings
-from pipelines.admin import commands as admin
 from tests.e2e.test_cancel import settlement
 from tests.e2e.test_streaming import sse_frames
-from tests.engine_wrappers import ThrottledEngine
+from tests.fleet_pool import pool_of
 from tests.harness import MODEL_ALIAS
 from tests.helpers import wait_until
 
 LONG = {"model_alias": MODEL_ALIAS, "input": "tell a long story", "max_output_tokens": 400, "ignore_eos": True}
+
+
+@contextmanager
+def paced(platform, secret: str, pause_s: float) -> Iterator[str]:
+    """A revision of its own, served by one worker (one slot) on an engine of one token
+    every `pause_s`, once the fleet shows it; yields its alias."""
+    with pool_of(platform, workers=1, pause_s=pause_s, max_in_flight=1, name="delivered") as pool, \
+            platform.client(secret) as client:
+        wait_until(lambda: client.get(f"/v1/models/{pool.alias}").json()["serving"]["workers"] >= 1, 30,
+                   what=f"the fleet to show the worker of {pool.revision}")
+        yield pool.alias
 
 
 def leave_after(client, body: dict, tokens: int) -> str:
@@ -36,13 +51,10 @@ def test_the_reconnect_grace_is_a_setting():
 def test_a_client_that_drops_after_a_few_tokens_is_charged_what_was_generated_and_shown_both(platform, monkeypatch):
     monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 1.0)
     tenant_id, secret = platform.tenant()
-    pool = "throttled-" + uuid.uuid4().hex[:8]
-    admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
-    # Paced: one token every 20 ms, so the engine makes dozens more during the grace.
-    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=ThrottledEngine(platform.runner.engine, 0.02))
+    # One token every 20 ms, so the engine makes dozens more during the grace.
     try:
-        with platform.client(secret) as client:
-            request_id = leave_after(client, LONG, 3)
+        with paced(platform, secret, 0.02) as alias, platform.client(secret) as client:
+            request_id = leave_after(client, {**LONG, "model_alias": alias}, 3)
             # Gone after 3 tokens; the generation runs on through the grace, then is cancelled.
             settled = settlement(platform, tenant_id, request_id)
             assert settled.terminal_status == "cancelled"
@@ -55,7 +67,6 @@ def test_a_client_that_drops_after_a_few_tokens_is_charged_what_was_generated_an
             assert status["usage"]["output_tokens"] == settled.output_tokens
             assert status["usage"]["delivered_output_tokens"] == delivered
     finally:
-        loop.halt()
         platform.check()
 
 
@@ -65,14 +76,10 @@ def test_a_client_that_drops_and_whose_generation_ends_inside_the_grace_is_shown
     whole output as delivered: it shows what the stream had sent when the client left."""
     monkeypatch.setattr(platform.app.state.services.reaper, "grace_s", 5.0)
     tenant_id, secret = platform.tenant()
-    pool = "throttled-" + uuid.uuid4().hex[:8]
-    admin.set_limits(platform.view, tenant_id=tenant_id, actor="tests", pool=pool)
     # 60 tokens, one every 10 ms: the rest is generated well inside the 5 s grace.
-    loop = platform.start_worker(pool=pool, max_in_flight=1, engine=ThrottledEngine(platform.runner.engine, 0.01))
-    body = {**LONG, "max_output_tokens": 60}
     try:
-        with platform.client(secret) as client:
-            request_id = leave_after(client, body, 3)
+        with paced(platform, secret, 0.01) as alias, platform.client(secret) as client:
+            request_id = leave_after(client, {**LONG, "model_alias": alias, "max_output_tokens": 60}, 3)
             settled = settlement(platform, tenant_id, request_id)
             assert (settled.terminal_status, settled.output_tokens) == ("completed", 60), settled
             status = wait_until(lambda: (s := client.get(f"/v1/generations/{request_id}").json())["usage"]["settled"]
@@ -81,7 +88,6 @@ def test_a_client_that_drops_and_whose_generation_ends_inside_the_grace_is_shown
             assert 3 <= status["usage"]["delivered_output_tokens"] < 60, status["usage"]
             assert status["usage"]["output_tokens"] == 60 and status["status"] == "completed"
     finally:
-        loop.halt()
         platform.check()
 
 
