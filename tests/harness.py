@@ -1,9 +1,12 @@
-"""A whole platform in one test process: admission processor, an interactive worker on
-the shared engine, and the HTTP API served by uvicorn on a loopback port.
+"""A whole platform in one test process: admission, an interactive worker on the shared
+engine, and the HTTP API served by uvicorn on a loopback port.
 
-Each component gets its own `EventLog` instance, as separate processes would. Waiting on
-a condition and launching a process of the platform are `tests.helpers` (`wait_until`,
-`Launched`), which this module builds on.
+Admission and the workers are the platform's own processes (`api.cli.processes`), each run
+in a thread by the loop `ledgerlm serve NAME` runs it with (`ProcessThread`); a worker is
+handed the session's running engine instead of starting one. Each component gets its own
+`EventLog` instances, as separate processes would. Waiting on a condition and launching a
+process of the platform are `tests.helpers` (`wait_until`, `Launched`), which this module
+builds on.
 """
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import threading
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -20,13 +22,13 @@ import httpx
 import uvicorn
 
 from api.app import create_app
+from api.cli.processes import PROCESSES, arguments, run
 from api.deps import Services
+from api.process_kit import Started
 from api.stream_hub import StreamHub
 from models.settings import Settings
 from pipelines.admin import commands as admin
-from pipelines.admission.processor import AdmissionProcessor
 from pipelines.admin.commands import RegistryView
-from pipelines.admission.capacity import QueueBound
 from pipelines.bootstrap import Bootstrap, topic_specs
 from pipelines.eventlog import EventLog
 from pipelines.eventlog.kafka_clients import close_all
@@ -125,12 +127,59 @@ class Loop:
             self.thread.join(timeout_s)
 
 
+class ProcessThread:
+    """A process of the platform (`api.cli.processes.PROCESSES[name]`) run in a thread of
+    the test process by the loop `ledgerlm serve NAME` runs it with, signals aside: `halt`
+    sets its stop event. `given` goes to its start (a worker's running engine, its name).
+    Returns once it serves (`started`, with the component it runs as `main`), raising what
+    it failed to start on; `error` is what its run stopped on, if anything. A `Loop` to
+    `Platform`: `halt`, `error`, `worker`."""
+
+    def __init__(self, process: str, settings: Settings, args, *, open_log: Callable[[], EventLog],
+                 name: str | None = None, start_s: float = 120.0, **given):
+        self.name = name or process
+        self.stop = threading.Event()
+        self.started: Started | None = None
+        self.error: BaseException | None = None
+        self.exit_code: int | None = None
+        serving = threading.Event()
+
+        def on_started(started: Started) -> None:
+            self.started = started
+            serving.set()
+
+        def serve() -> None:
+            try:
+                self.exit_code = run(PROCESSES[process], settings, args, self.stop, open_log=open_log, given=given,
+                                     started=on_started)
+            except BaseException as exc:  # surfaced by Platform.check(), or here while it starts
+                self.error = exc
+            finally:
+                serving.set()
+
+        self.thread = threading.Thread(target=serve, name=self.name, daemon=True)
+        self.thread.start()
+        if not serving.wait(start_s):
+            self.halt()
+            raise AssertionError(f"{self.name} did not start within {start_s:g} s")
+        if self.started is None:
+            raise AssertionError(f"{self.name} failed to start: {self.error!r}") from self.error
+
+    @property
+    def worker(self):
+        return self.started.main
+
+    def halt(self, timeout_s: float = 30.0) -> None:
+        self.stop.set()
+        self.thread.join(timeout_s)
+
+
 class Platform:
     def __init__(self, open_log: Callable[[], EventLog], runner: EngineRunner, settings: Settings,
                  *, max_in_flight: int = 8, take_ahead: int | None = 0, worker_admits: bool = False):
         self.open_log, self.runner, self.settings = open_log, runner, settings
         self.logs: list[EventLog] = []
-        self.loops: list[Loop] = []
+        self.loops: list[ProcessThread | Loop] = []
         self._server_thread: threading.Thread | None = None
         try:
             self._start(max_in_flight=max_in_flight, take_ahead=take_ahead, worker_admits=worker_admits)
@@ -147,9 +196,8 @@ class Platform:
                             model_path=str(engine.config.model), engine_config_hash=engine.engine_config_hash(),
                             max_model_len=engine.config.max_model_len, actor="tests",
                             price_input_per_1k_micros=1000, price_output_per_1k_micros=2000)
-        if worker_admits:  # admission hands what can start at once to the worker
-            self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead)
-            self.start_admission(taker=self.worker)
+        if worker_admits:  # admission runs in the worker's process, handing it what can start at once
+            self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead, admits=True)
         else:
             self.start_admission()
             self.start_worker(max_in_flight=max_in_flight, take_ahead=take_ahead)
@@ -160,28 +208,50 @@ class Platform:
         self.logs.append(log)
         return log
 
-    def start_admission(self, taker=None) -> Loop:
-        processor = AdmissionProcessor(self._log(), RegistryView(self._log()),
-                                       grace=timedelta(seconds=self.settings.grace_s), taker=taker,
-                                       lost_after_s=self.settings.worker_lost_after_s,
-                                       queue_bound=QueueBound.from_settings(self.settings),
-                                       floors=Bootstrap(self.settings).service_floors())
-        self.admission = processor
-        loop = Loop("admission", lambda: processor.run_once(0.05), processor.close).start()
-        self.loops.append(loop)
-        return loop
+    def start_admission(self, taker=None) -> ProcessThread:
+        """`ledgerlm serve admission` (handing what can start at once to `taker`, if given)."""
+        process = ProcessThread("admission", self.settings, arguments("admission"), open_log=self.open_log,
+                                taker=taker)
+        self.admission = process.started.main
+        self.loops.append(process)
+        return process
 
     def start_worker(self, *, max_in_flight: int = 8, take_ahead: int | None = 0, pool: str | None = None,
                      log: EventLog | None = None, close: Callable[[], object] | None = None,
-                     engine=None, runner: EngineRunner | None = None, revision: str | None = None) -> Loop:
-        """A pool worker on the shared engine (`pool` None: the shared pool, which `self.worker`
-        names), serving the platform's revision unless told another (`revision`, with the
-        `runner` of its engine). `close` replaces the worker's orderly close, e.g. to leave it
-        as a crash would (its heartbeats stop too); `engine` wraps the shared one (it must run
-        on the shared engine's loop). The log handles it opens are closed when the loop ends,
-        after `close`: a crash whose group membership must outlive it brings its own `log`."""
+                     engine=None, runner: EngineRunner | None = None, revision: str | None = None,
+                     admits: bool = False) -> ProcessThread | Loop:
+        """`ledgerlm serve worker [--pool POOL] [--admit]` on the shared engine (`pool` None:
+        the shared pool, which `self.worker` names), serving the platform's revision unless
+        told another (`revision`, with the `runner` of its engine); `engine` wraps the shared
+        one (it must run on the shared engine's loop). With `admits`, admission runs beside it
+        (`self.admission`). A worker that must die as a crash does is built by hand: `close`
+        replaces its orderly close (its heartbeats stop too), and a crash whose group
+        membership must outlive it brings its own `log`."""
         runner = runner or self.runner
-        engine = engine or runner.engine
+        if log is not None or close is not None:
+            loop = self._crashable_worker(runner, engine or runner.engine, max_in_flight=max_in_flight,
+                                          take_ahead=take_ahead, pool=pool, log=log, close=close,
+                                          revision=revision or self.model_revision)
+        else:
+            settings = self.settings.model_copy(update={"engine_max_seqs": max_in_flight,
+                                                        "worker_take_ahead": take_ahead})
+            flags = [*(["--pool", pool] if pool else []), *(["--admit"] if admits else [])]
+            loop = ProcessThread("worker", settings, arguments("worker", *flags), open_log=self.open_log,
+                                 name=f"worker-{pool or 'shared'}", runner=runner,
+                                 revision=revision or self.model_revision,
+                                 worker_id=f"test-worker-{uuid.uuid4().hex[:6]}", engine=engine)
+            if admits:
+                self.admission = loop.started.parts["admission"]
+        if pool is None and revision is None:
+            self.worker = loop.worker
+        self.loops.append(loop)
+        return loop
+
+    def _crashable_worker(self, runner: EngineRunner, engine, *, max_in_flight: int, take_ahead: int | None,
+                          pool: str | None, log: EventLog | None, close: Callable[[], object] | None,
+                          revision: str) -> Loop:
+        """A worker built by hand, whose end is `close` (None: its orderly close). The log
+        handles it opens are closed when its loop ends, after `close`."""
         opened: list[EventLog] = []
         try:
             opened.append(self.open_log())  # the cancel watch's
@@ -191,19 +261,15 @@ class Platform:
                                        take_ahead=take_ahead, worker_id=f"test-worker-{uuid.uuid4().hex[:6]}",
                                        pool=pool, cancel_log=opened[0],
                                        stream_linger_s=self.settings.stream_linger_ms / 1000,
-                                       revision=revision or self.model_revision,
-                                       engine_config_hash=runner.engine.engine_config_hash(),
+                                       revision=revision, engine_config_hash=runner.engine.engine_config_hash(),
                                        kv_overcommit=self.settings.kv_overcommit)
         except BaseException:
             close_all(handle.close for handle in opened)
             raise
-        if pool is None and revision is None:
-            self.worker = worker
         ending = worker.close if close is None else (lambda: (worker.silence(), close()))
         loop = Loop(f"worker-{pool or 'shared'}", lambda: worker.run_once(0.05),
                     lambda: close_all([ending, *(handle.close for handle in opened)])).start()
         loop.worker = worker
-        self.loops.append(loop)
         return loop
 
     def _start_api(self) -> None:
