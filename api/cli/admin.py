@@ -121,6 +121,7 @@ def _model_parser(what) -> None:
     retire.add_argument("revision")
     retire.add_argument("--reason")
     model.add_parser("delete-alias", help="remove an alias for every tenant").add_argument("alias")
+    model.add_parser("list", help="the approved revisions: aliases, model, config hash, prices, retired or not")
 
 
 def _eval_parser(what) -> None:
@@ -274,6 +275,8 @@ def _model_lines(view, args, actor: str, settings: Settings):
                             artifact_signature=args.signature, **artifacts.approval_policy(settings))
         revision = view.refresh().revisions[args.revision]
         yield {"alias": args.alias, "model_revision": args.revision, **artifacts.describe(revision)}
+    elif args.action == "list":
+        yield from admin.revisions_listed(view.refresh())
     elif args.action == "alias":
         admin.set_alias(view, alias=args.alias, model_revision=args.revision, actor=actor,
                         allowed_tenants=tuple(args.tenants.split(",")))

@@ -183,6 +183,13 @@ def approve_model(body: ModelBody, actor: OperatorDep, svc: ServicesDep):
             **artifacts.describe(revision)}
 
 
+@router.get("/models")
+def list_models(actor: OperatorDep, svc: ServicesDep):
+    """Every approved revision, in the order approved: the aliases pointing at it, its model,
+    engine config hash, context length, prices, and whether it is retired."""
+    return {"object": "list", "data": admin.revisions_listed(svc.registry_view.refresh())}
+
+
 @router.put("/aliases/{alias}")
 def set_alias(alias: str, body: AliasBody, actor: OperatorDep, svc: ServicesDep):
     run(admin.set_alias, view=svc.registry_view, alias=alias, model_revision=body.model_revision, actor=str(actor),

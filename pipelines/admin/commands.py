@@ -302,3 +302,22 @@ def delete_alias(view: RegistryView, *, alias: str, actor: str) -> Envelope:
     env = _admin_event(ModelAliasDeleted(alias=alias, actor=actor), PLATFORM)
     _append(view._log, env)
     return env
+
+
+def revisions_listed(registry: Registry) -> list[dict]:
+    """Every approved revision, in the order approved, as `GET /v1/admin/models` and
+    `ledgerlm admin model list` show it: the aliases pointing at it (with the tenants each
+    allows), its model, engine config hash, context length and prices, whether it is retired
+    (and why), and what its record says of its files."""
+    listed = []
+    for name, revision in registry.revisions.items():
+        aliases = [{"alias": a.alias, "allowed_tenants": sorted(a.allowed_tenants)}
+                   for a in sorted(registry.aliases.values(), key=lambda a: a.alias) if a.model_revision == name]
+        listed.append({"model_revision": name, "aliases": aliases,
+                       "model_path": revision.model_path, "engine_config_hash": revision.engine_config_hash,
+                       "max_model_len": revision.max_model_len,
+                       "price_input_per_1k_micros": revision.price_input_per_1k_micros,
+                       "price_output_per_1k_micros": revision.price_output_per_1k_micros,
+                       "retired": name in registry.retired, "retired_reason": registry.retired.get(name),
+                       **artifacts.describe(revision)})
+    return listed

@@ -26,6 +26,7 @@ POLICY = {
     ("POST", "/v1/admin/tenants/{tenant_id}/suspend"): OPERATOR,
     ("POST", "/v1/admin/tenants/{tenant_id}/reinstate"): OPERATOR,
     ("POST", "/v1/admin/models"): OPERATOR,
+    ("GET", "/v1/admin/models"): OPERATOR,
     ("PUT", "/v1/admin/aliases/{alias}"): OPERATOR,
     ("DELETE", "/v1/admin/aliases/{alias}"): OPERATOR,
     ("POST", "/v1/admin/models/{model_revision:path}/retire"): OPERATOR,
