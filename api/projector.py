@@ -3,8 +3,6 @@ sealed on time and once more at shutdown; and the parts the `ledgerlm projection
 and `replay` verbs share with it (the runner, the signer, the refusal of the development key)."""
 from __future__ import annotations
 
-import logging
-
 from api.process_kit import Launch, Refused, Started
 from models.settings import Settings
 
@@ -45,7 +43,6 @@ def start_projector(launch: Launch) -> Started:
     settings = launch.settings
     if refusal := dev_key_refusal(settings):
         raise Refused(refusal)
-    logging.getLogger("pipelines.projections").setLevel(logging.INFO)
     readiness = Readiness("projector", stall_s=None)  # a long catch-up is work, not a stall
     runner, engine = projection_runner(settings, launch.log())
     launch.held.callback(engine.dispose)

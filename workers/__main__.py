@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from models.settings import Settings
 from pipelines.admin.commands import AdminError
 from pipelines.artifacts import ArtifactError
 from pipelines.bootstrap import Bootstrap
+from pipelines.log_level import configure_logging
 from workers.serving import model_dir
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"]:  # the platform's processes are run by `api.cli.processes`, whose loop this hands to
         os.execv(sys.executable, [sys.executable, "-m", "api.cli", *argv])
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
+    configure_logging()
     settings = Settings()
     if args.action == "make-tiny":
         from workers.tiny_model import make_tiny_model

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pipelines import artifacts
+from pipelines.log_level import engine_logging
 from workers.engine import EngineMismatch
 from workers.vllm_engine import VllmEngineConfig, engine_config_hash
 
@@ -52,6 +53,7 @@ class VllmBatchEngine:
         # In-process engine core: a Celery child killed mid-chunk then leaves no orphaned
         # EngineCore process behind, and the offline path loses nothing by it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        engine_logging()  # vLLM's loggers at LEDGERLM_LOG_LEVEL
         from vllm import LLM
 
         self.config = config

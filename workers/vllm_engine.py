@@ -216,6 +216,9 @@ class VllmEngine(InferenceEngine):
         """Start the engine (about 25 s on CPU). Must run on the loop that will drive it."""
         if self._llm is not None:
             return
+        from pipelines.log_level import engine_logging
+
+        engine_logging()  # vLLM's loggers, here and in its engine core, at LEDGERLM_LOG_LEVEL
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
