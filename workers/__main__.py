@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from models.prices import add_price_flags
 from models.settings import Settings
 from pipelines.admin.commands import AdminError
 from pipelines.artifacts import ArtifactError
@@ -80,20 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PRICE_FLAGS = ("--price-input-per-1k-micros", "--price-output-per-1k-micros")
-
-
-def micros(text: str) -> int:
-    """A price flag's value: a whole number of micro-units, not negative."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number of micros, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("a price is not negative")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ledgerlm")
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -109,8 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     appr.add_argument("--revision", help="the revision's name (default: the directory's name @ its engine "
                                          "config hash), e.g. smollm2@v2")
     appr.add_argument("--signature", help="a trusted key's signature over the model's files (model sign)")
-    for flag in PRICE_FLAGS:  # as `ledgerlm admin model approve` takes them
-        appr.add_argument(flag, type=micros, default=0, help="micro-units of currency per 1000 tokens (default 0)")
+    add_price_flags(appr)  # as `ledgerlm admin model approve` takes them
     sign = model.add_parser("sign", help="digest a model directory and sign it with an Ed25519 key")
     sign.add_argument("directory", type=Path)
     sign.add_argument("--key", default=os.environ.get("LEDGERLM_ARTIFACT_SIGNING_KEY"),

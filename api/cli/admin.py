@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from models.limits import LIMIT_FIELDS, LIMITS, MAX_FAIR_SHARE_WEIGHT
+from models.prices import add_price_flags
 from models.quota import Limits
 from models.settings import Settings
 
@@ -108,8 +109,7 @@ def _model_parser(what) -> None:
     approve.add_argument("--path", required=True)
     approve.add_argument("--config-hash", required=True)
     approve.add_argument("--max-model-len", type=int, required=True)
-    approve.add_argument("--price-input-per-1k-micros", type=int, default=0)
-    approve.add_argument("--price-output-per-1k-micros", type=int, default=0)
+    add_price_flags(approve)
     approve.add_argument("--tenants", default="*", help="comma-separated tenants allowed, or * for all")
     approve.add_argument("--signature", help="a trusted key's signature over the directory's files "
                                              "(ledgerlm model sign DIR); the digests are read from --path")

@@ -67,3 +67,13 @@ def test_model_list_shows_each_revision_its_aliases_prices_and_whether_it_is_ret
     v1, v2, _ = cli(capsys, "list")[1]
     assert v1["aliases"] == []
     assert [a["alias"] for a in v2["aliases"]] == ["smollm2", "smollm2-next"]
+
+
+def test_admin_model_approve_refuses_a_negative_price_in_a_line(home, capsys):
+    with pytest.raises(SystemExit) as exited:
+        api.cli.main.main(["admin", "model", "approve", "--alias", "a", "--revision", "a@1", "--path", "/m",
+                           "--config-hash", "x", "--max-model-len", "8", "--price-output-per-1k-micros", "-5"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--price-output-per-1k-micros" in err and "not negative" in err and "Traceback" not in err
+    assert cli(capsys, "list") == (0, [], "")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import workers.__main__ as workers_cli
+from models.prices import PRICE_FLAGS
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
 
@@ -98,7 +99,7 @@ def test_model_approve_takes_the_price_flags_of_admin_model_approve():
     admin = approve_flags(build_parser(), "admin", "model", "approve")
     ours = approve_flags(workers_cli._parser(), "model", "approve")  # noqa: SLF001
     prices = {flag for flag in admin if "price" in flag}
-    assert prices == set(workers_cli.PRICE_FLAGS) and prices <= ours
+    assert prices == set(PRICE_FLAGS) and prices <= ours
     assert {"--alias", "--revision", "--signature"} <= ours
 
 
