@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 
 from api.cli.admin import add_admin_parser
 from api.cli.processes import PROCESSES, add_serve_parser, serve
 from models.settings import Settings
+from pipelines.log_level import configure_logging
 
 
 def _admin(settings: Settings, args: argparse.Namespace) -> int:
@@ -58,7 +58,11 @@ FEATURE_MODULES: list[str] = ["api.cli.ledger", "api.cli.batch", "api.cli.fleet"
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("LEDGERLM_LOG_LEVEL", "WARNING"))
+    try:
+        configure_logging()
+    except ValueError as exc:  # a level that is none
+        print(f"ledgerlm: {exc}", file=sys.stderr)
+        return 2
     if argv[:1] == ["model"]:
         os.execv(sys.executable, [sys.executable, "-m", "workers", *argv])
     parser = build_parser()

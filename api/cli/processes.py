@@ -28,6 +28,7 @@ from api.process_kit import Launch, Refused, Started, admission_processor
 from api.projector import start_projector
 from api.worker_process import start_worker, worker_flags
 from models.settings import Settings
+from pipelines.log_level import log_level
 from pipelines.process_tuning import tune_process
 
 
@@ -60,16 +61,28 @@ def _start_api(launch: Launch) -> Started:
 
     settings = launch.settings
     app = create_app(build_services(settings))
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
+                                          log_level=log_level().lower()))
 
     def run(stop: threading.Event) -> None:
         # uvicorn answers the signals itself while it serves, then hands them on to the loop's.
         threading.Thread(target=lambda: stop.wait() or setattr(server, "should_exit", True), name="api-stop",
                          daemon=True).start()
+        threading.Thread(target=_say_where, args=(server, settings.api_host, stop), name="api-ready",
+                         daemon=True).start()
         server.run()
         if not server.started:
             raise SystemExit(3)  # uvicorn's status when it could not start (e.g. the port is taken)
     return Started(app, run)
+
+
+def _say_where(server, host: str, stop: threading.Event) -> None:
+    """Prints where the API listens once uvicorn has bound its socket (its ready line)."""
+    while not (server.started or server.should_exit or stop.is_set()):
+        stop.wait(0.05)
+    if server.started:
+        port = next((s.getsockname()[1] for srv in server.servers for s in srv.sockets), None)
+        print(json.dumps({"api": "ready", "url": f"http://{host}:{port}"}), flush=True)
 
 
 def _start_admission(launch: Launch, *, taker=None) -> Started:

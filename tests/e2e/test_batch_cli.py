@@ -33,11 +33,12 @@ def embedded_platform(tmp_path, tiny_model_dir, own_vllm):
                             check=True, timeout=60, capture_output=True, text=True)
     procs = []
     try:
-        for name, argv, ready in [("api", [*CLI, "serve", "api"], None),
+        for name, argv, ready in [("api", [*CLI, "serve", "api"], '"api": "ready"'),
                                   ("dispatcher", [*CLI, "serve", "batch-dispatcher"], '"batch_dispatcher": "ready"'),
                                   ("worker", [*CLI, "serve", "batch-worker"], "ready.")]:
             procs.append(Launched(argv, env=env, log=tmp_path / f"{name}.log", ready=ready, ready_s=120))
         url = f"http://127.0.0.1:{port}"
+        assert json.loads(procs[0].ready_line) == {"api": "ready", "url": url}, "the API says where it listens"
         wait_until(lambda: _healthy(url), 60, every_s=0.2, what="the API")
         yield {"env": env, "url": url, "key": json.loads(issued.stdout)["api_key"], "procs": procs}
     finally:
