@@ -64,6 +64,20 @@ def test_a_json_schema_generation_is_json_that_validates_against_it(platform):
     assert_validates(response.json()["output"])
 
 
+def test_json_object_holds_the_output_to_a_json_object(platform):
+    # Nothing bounds an object's size, so a random model need not close one: what it writes is
+    # an object's start, seed after seed, where free text almost never starts with a brace.
+    _, secret = platform.tenant()
+    with platform.client(secret) as client:
+        for seed in range(3):
+            response = client.post("/v1/chat/completions", json={
+                "model": MODEL_ALIAS, "messages": MESSAGES, "max_tokens": 16, "seed": seed,
+                "response_format": {"type": "json_object"}})
+            assert response.status_code == 200, response.text
+            content = response.json()["choices"][0]["message"]["content"]
+            assert content.lstrip().startswith("{"), content
+
+
 BAD = [
     ({"type": "object", "properties": {"a": {"type": "nonsense"}}}, "not a valid JSON Schema"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "the engine cannot compile it"),
