@@ -1,6 +1,7 @@
 """One line of an OpenAI batch input file, checked: either a request we can run or an
 error that names the line. Unknown body fields are ignored, as OpenAI-compatible
-servers do; fields that would change what we return (n > 1, streaming) are refused.
+servers do; fields that would change what we return (n > 1, streaming, a response format)
+are refused.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class _Body(SamplingFields):
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)
     stream: Literal[False] = False
+    # Held output formats run on the interactive routes only: a line asking for one is
+    # refused, never run as free text.
+    response_format: dict | None = None
 
 
 class _Part(BaseModel):
@@ -129,6 +133,9 @@ def parse_line(raw: bytes, line: int, endpoint: str) -> ParsedLine:
     if unsupported is not None:
         raise LineError("invalid_request", f"line {line}: body.{unsupported} is not supported: only its neutral "
                         "value is accepted", custom_id)
+    if body.response_format not in (None, {"type": "text"}):
+        raise LineError("invalid_request", f"line {line}: body.response_format is not supported in a batch: only "
+                        "{\"type\": \"text\"} is accepted (use /v1/chat/completions for structured outputs)", custom_id)
     sampling = body.sampling_values()
     is_chat = isinstance(body, ChatBody)
     return ParsedLine(

@@ -55,8 +55,11 @@ def sampling_key(sampling: dict) -> dict:
     """The sampling parameters as they shape an answer: omitted ones at their defaults."""
     defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "seed": None, "stop": None, "max_output_tokens": None,
                 "ignore_eos": False}
-    return {name: sampling.get(name, default) if sampling.get(name) is not None else default
-            for name, default in defaults.items()}
+    key = {name: sampling.get(name, default) if sampling.get(name) is not None else default
+           for name, default in defaults.items()}
+    if sampling.get("structured_output") is not None:  # an answer held to a format is another answer
+        key["structured_output"] = sampling["structured_output"]
+    return key
 
 
 def partition_key(tenant_id: str, model_revision: str, *, context: object, sampling: dict) -> str:

@@ -129,3 +129,12 @@ def test_a_shape_that_cannot_combine_summaries_is_refused():
         plan(1000, Shape(context=512, overhead=20, max_output_tokens=200, sep=1))
     with pytest.raises(PlanError, match="no room"):
         plan(10, Shape(context=64, overhead=40, max_output_tokens=30, sep=1))
+
+
+def test_a_line_asking_for_a_held_format_is_refused_and_text_is_taken():
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_line(line(body={**body, "response_format": {"type": "text"}}), 1, CHAT).messages
+    with pytest.raises(LineError) as refused:
+        parse_line(line(body={**body, "response_format": {"type": "json_object"}}), 3, CHAT)
+    assert refused.value.code == "invalid_request" and "line 3: body.response_format" in refused.value.message
+    assert refused.value.custom_id == "a"

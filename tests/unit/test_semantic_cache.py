@@ -142,3 +142,13 @@ def test_no_entry_outlives_the_answers_text_on_the_log():
                            context={"kind": "text"}, sampling={"temperature": 0}).ttl_s
     assert ttl(600) == 600
     assert ttl(30 * 24 * 3600) == sc.MAX_TTL_S == 24 * 3600, "the stream topic keeps text a day"
+
+
+def test_a_format_the_answer_is_held_to_is_a_partition_of_its_own():
+    schema = {"kind": "json_schema", "json_schema": '{"type":"object"}'}
+    free = partition_key("acme", "rev@1", context=SYSTEM, sampling=GREEDY)
+    held = partition_key("acme", "rev@1", context=SYSTEM, sampling={**GREEDY, "structured_output": schema})
+    other = partition_key("acme", "rev@1", context=SYSTEM,
+                          sampling={**GREEDY, "structured_output": {**schema, "json_schema": '{"type":"array"}'}})
+    assert len({free, held, other}) == 3
+    assert partition_key("acme", "rev@1", context=SYSTEM, sampling={**GREEDY, "structured_output": None}) == free
