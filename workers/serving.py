@@ -16,22 +16,23 @@ def model_dir(settings: Settings) -> Path:
     """The configured model, or the tiny generated one under the platform's home; a
     configured path that is no model directory is an `ArtifactError` saying so in a line."""
     if settings.model is not None:
-        return check_model_dir(settings.model)
+        return check_model_dir(settings.model, loads_config=settings.engine_factory.startswith("workers.vllm_engine:"))
     from workers.tiny_model import make_tiny_model
 
     return make_tiny_model(settings.ensure_home() / "models" / "tiny")
 
 
-def check_model_dir(path: Path) -> Path:
-    """`path` if it is a model directory as the engine loads one (a Hugging Face directory:
-    its config.json); otherwise an `ArtifactError` naming it and what is wrong."""
+def check_model_dir(path: Path, *, loads_config: bool = True) -> Path:
+    """`path` if it is a model directory as the engine loads one (with `loads_config`, as
+    vLLM does, a Hugging Face directory: its config.json); otherwise an `ArtifactError`
+    naming it and what is wrong. Another engine's directory only has to be one."""
     from pipelines.artifacts import ArtifactError
 
     if not path.exists():
         raise ArtifactError(f"LEDGERLM_MODEL={path}: no such directory")
     if not path.is_dir():
         raise ArtifactError(f"LEDGERLM_MODEL={path}: not a directory (give the model's directory)")
-    if not (path / "config.json").is_file():
+    if loads_config and not (path / "config.json").is_file():
         raise ArtifactError(f"LEDGERLM_MODEL={path}: no config.json in it, so it is no model directory "
                             f"(ledgerlm model prepare-small makes one)")
     return path

@@ -208,6 +208,8 @@ class AdmissionProcessor:
             self._known_topics |= {t.name for t in missing}
 
     def run_once(self, timeout_s: float = 0.5) -> int:
+        if self._settling:  # lingering settlements go out when due, however long a quiet poll waits
+            timeout_s = min(timeout_s, max(0.0, self._settling_since + self.SETTLE_LINGER_S - time.monotonic()))
         polled_at = datetime.now(timezone.utc)
         records = self._consumer.poll(max_records=self.POLL_RECORDS, timeout_s=timeout_s)
         owned = self._owned_now()

@@ -4,6 +4,7 @@ usual; a commit that fails leaves the started generation without a trace. A fake
 stands in for vLLM; both event logs."""
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -264,6 +265,23 @@ def test_a_settlement_waits_for_the_next_decision_and_goes_out_with_it(fused, mo
     fused.cancel("owed-2")
     fused.run_until(lambda: "UsageSettled" in fused.types(topics.LEDGER, "owed-2"), "the second's settlement, alone")
     assert set(units[-1]) == {"UsageSettled", "ReservationReleased"}, units
+
+
+def test_a_lingering_settlement_goes_out_when_due_however_long_a_quiet_poll_would_wait(fused):
+    """`ledgerlm serve admission` polls for up to half a second: a settlement read in a quiet
+    spell is still written once it has lingered its `SETTLE_LINGER_S`, not at the poll's end."""
+    admission = fused.admission
+    admission.SETTLE_LINGER_S = 3600.0  # held until it is told otherwise below
+    fused.request("due-1")
+    fused.run_until(lambda: "GenerationStarted" in fused.types(topics.OUTCOMES, "due-1"), "the request to start")
+    fused.cancel("due-1")
+    fused.run_until(lambda: admission._settling, "admission to hold the settlement")  # noqa: SLF001
+    assert "UsageSettled" not in fused.types(topics.LEDGER, "due-1")
+    admission.SETTLE_LINGER_S = 0.3
+    began = time.monotonic()
+    wait_until(lambda: admission.run_once(30.0) is not None and "UsageSettled" in fused.types(topics.LEDGER, "due-1"),
+               20, every_s=0, what="the settlement")
+    assert time.monotonic() - began < 10, "written when due, not when a 30 s poll ended"
 
 
 def test_an_idle_admission_makes_no_looks_at_the_admin_topic(fused):
