@@ -36,7 +36,7 @@ from models import topics
 from models.digests import TenantDigests
 from models.events import Envelope
 from models.topics import Topic
-from pipelines.admission.processor import Taking
+from pipelines.admission.taking import Taking
 from pipelines.eventlog import EventLog
 from pipelines.outage import Readiness, keep_running
 from workers.cancel_watch import CancelWatch

@@ -43,7 +43,7 @@ from models import topics
 from models.events import Envelope, EventDecodeError, caused_by, decode
 from models.events_generation import GenerationCancelled, GenerationFailed, GenerationQueued, GenerationStarted, Timings
 from models.topics import Topic
-from pipelines.admission.processor import Taking
+from pipelines.admission.taking import Taking
 from pipelines.eventlog import EventLog, EventLogError, Fenced, GroupConsumer, Message, Record, TopicSpec
 from pipelines.idle_positions import IdlePositions
 from pipelines.publish import beside, to_outputs

@@ -57,7 +57,7 @@ from pipelines.publish import Outputs, to_outputs
 from pipelines.admission.service_readback import read_back_rates
 from pipelines.admission.settlement import end_lost, expire_overdue, handle_terminal
 from pipelines.admission.suspension import SuspensionSweep
-from pipelines.admission.taking import Taker, Taking, Takings  # noqa: F401 - Taking: workers import it from here
+from pipelines.admission.taking import Taker, Takings
 
 logger = logging.getLogger(__name__)
 DEFAULT_LOST_AFTER_S = 5.0  # `Settings.worker_lost_after_s`
