@@ -20,13 +20,22 @@ logger = logging.getLogger(__name__)
 
 
 def find_status(svc: Services, request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:
-    """By the generation's id, or by the request_id its client chose."""
-    for candidate in meant_ids(tenant_id, request_id):
+    """By the generation's id, or by the request_id its client chose. `request_id` echoes
+    the one its client chose where known (found by it, or recent enough for the request
+    index), and is the generation's id otherwise."""
+    for candidate, chosen in zip(meant_ids(tenant_id, request_id), (None, request_id)):
         row = svc.index.status(tenant_id, candidate)
         status = status_from_row(row) if row is not None else _from_projection(request, tenant_id, candidate)
         if status is not None:
-            return {"id": candidate, "object": "generation", **status}
+            if chosen is None and row is not None:
+                chosen = _chosen_of(svc, tenant_id, candidate)
+            return {"id": candidate, "object": "generation", **status, **({"request_id": chosen} if chosen else {})}
     return None
+
+
+def _chosen_of(svc: Services, tenant_id: str, request_id: str) -> str | None:
+    info = svc.index.request(tenant_id, request_id)
+    return info.chosen_request_id if info is not None else None
 
 
 def _from_projection(request: Request, tenant_id: str, request_id: str) -> dict[str, Any] | None:

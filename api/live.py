@@ -151,7 +151,7 @@ async def _identified(svc: Services, tenant_id: str, cmd: SubmitGeneration, *, b
     except idempotency.KeyReused:
         raise _key_reused() from None
     except idempotency.RequestIdInUse as exc:
-        raise ApiError(409, f"A generation with request_id '{exc.chosen}' already exists",
+        raise ApiError(409, f"request_id '{exc.chosen}' is already used by generation {exc.existing}; choose another",
                        code="request_id_in_use", param="request_id") from None
 
 

@@ -34,10 +34,11 @@ def frame(data: dict | str, event_id: int | None = None) -> bytes:
     return f"{head}data: {body}\n\n".encode()
 
 
-def event_json(event: StreamEvent) -> dict:
-    """ledgerlm's own frame for a stream event (`/v1/generations` and `.../events`)."""
+def event_json(event: StreamEvent, chosen_request_id: str | None = None) -> dict:
+    """ledgerlm's own frame for a stream event (`/v1/generations` and `.../events`). `id` is
+    the generation's id; `request_id` echoes the one its client chose, or is that id too."""
     p = event.env.payload
-    base = {"request_id": event.env.correlation_id}
+    base = {"id": event.env.correlation_id, "request_id": chosen_request_id or event.env.correlation_id}
     if isinstance(p, TokensEmitted):
         return {**base, "type": "tokens", "seq": p.seq, "text": p.text, "token_count": p.token_count}
     if isinstance(p, GenerationStarted):
@@ -60,8 +61,9 @@ def event_json(event: StreamEvent) -> dict:
     return {**base, "type": event.env.event_type}
 
 
-def native_frames(event: StreamEvent) -> list[bytes]:
-    return [frame(event_json(event), event.offset)]
+def native_frames_for(chosen_request_id: str | None) -> Callable[[StreamEvent], list[bytes]]:
+    """ledgerlm's own frames, echoing the request_id a client chose (None: it chose none)."""
+    return lambda event: [frame(event_json(event, chosen_request_id), event.offset)]
 
 
 def timeout_frame() -> bytes:

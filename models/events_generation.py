@@ -121,6 +121,9 @@ class GenerationRequested(Payload):
     # requests that share it tend to wait on one work partition, so one worker's prefix
     # cache serves them (`pipelines.admission.placement`); absent (and left out of the bytes) otherwise.
     affinity: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # The request_id its client chose (`request_id` is derived from it with the tenant), so
+    # answers can echo it; absent (and left out of the bytes) when the client chose none.
+    chosen_request_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # Output tokens the API had sent its client when it went away (reason `client_gone`): the

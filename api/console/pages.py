@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from datetime import date, datetime, timedelta, timezone
 
 from fastapi import APIRouter, Request
@@ -13,12 +14,13 @@ from fastapi.responses import RedirectResponse
 from api.console.auth import ConsoleRefusal, UserDep
 from api.console.render import bar_chart, count, page
 from api.routes.batch_deps import batch_services
-from api.deps import projection_db
+from api.deps import projection_db, services
 from models.limits import LIMITS, checked_by
 from pipelines.projections import console as reads
 from pipelines.projections.queries import limits_in_use, tenant_quota
 
 router = APIRouter(prefix="/console", include_in_schema=False)
+logger = logging.getLogger(__name__)
 DEFAULT_DAYS = 30
 MAX_CHART_DAYS = 400  # a longer range is charted by its days with usage only
 PAGE_SIZES = (10, 25, 50, 100, 200)
@@ -152,8 +154,21 @@ def generations(request: Request, user: UserDep, tenant: str | None = None, stat
     size = page_size(limit)
     rows, cursor = reads.generations_page(projection_db(request), tenant_id=tenant_id, limit=size,
                                           before=decode_cursor(before), status=status if status in STATUSES else None)
-    return page(request, "generations.html", user=user, tenant_id=tenant_id, rows=rows, status=status,
+    return page(request, "generations.html", user=user, tenant_id=tenant_id, rows=with_chosen_ids(request, rows),
+                status=status,
                 statuses=STATUSES, next_cursor=encode_cursor(cursor), limit=size, first_page=before is None)
+
+
+def with_chosen_ids(request: Request, rows: list[dict]) -> list[dict]:
+    """The rows with the request_id each one's client chose, where it chose one: the
+    projection holds the generation's id only, the API's request index (the last day or
+    so) the chosen one. The page shows without them if the log cannot be read now."""
+    try:
+        chosen = services(request).index.chosen_request_ids((r["tenant_id"], r["request_id"]) for r in rows)
+    except Exception:  # noqa: BLE001 - the page answers from the projections whatever the log does
+        logger.warning("console: the request_ids clients chose are unavailable now", exc_info=True)
+        return rows
+    return [{**r, "chosen_request_id": chosen.get((r["tenant_id"], r["request_id"]))} for r in rows]
 
 
 @router.get("/batches")

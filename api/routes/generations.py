@@ -13,7 +13,7 @@ from api.deps import GenerateDep, ServicesDep
 from api.errors import ApiError
 from api.generation_status import find_status
 from api.live import find_request, start_generation
-from api.sse import collect, event_json, failure_error, native_frames, stream_response
+from api.sse import collect, event_json, failure_error, native_frames_for, stream_response
 from api.sampling import sampling_of
 from models.events_generation import GenerationFailed
 from models.sampling_request import SamplingFields
@@ -49,15 +49,16 @@ async def create_generation(body: GenerationBody, principal: GenerateDep, svc: S
         request_id=body.request_id, model_alias=body.model_alias, prompt=body.input,
         max_output_tokens=body.max_output_tokens, deadline_ms=body.deadline_ms, priority=body.priority,
         sampling=await sampling_of(body, body.response_format), user=body.user, tag=route_tag,
+        chosen_request_id=body.request_id,
     )
     live = await start_generation(svc, principal, cmd, request=request, body=body.model_dump(mode="json"),
                                   idempotency_key=idempotency_key, id_prefix="gen_")
     if body.stream:
-        return stream_response(svc, live, native_frames)
+        return stream_response(svc, live, native_frames_for(body.request_id))
     text, last = await collect(svc, live, request)
     if isinstance(last.env.payload, GenerationFailed):
         raise failure_error(last.env.payload)
-    return JSONResponse({**event_json(last), "id": live.request_id, "output": text},
+    return JSONResponse({**event_json(last, body.request_id), "id": live.request_id, "output": text},
                         headers={"X-Request-Id": live.request_id, **live.route_headers})
 
 

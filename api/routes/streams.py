@@ -41,15 +41,17 @@ async def generation_events(request_id: str, principal: GenerateDep, svc: Servic
     if info is None:
         raise ApiError(404, f"No generation '{request_id}'", code="not_found", param="id")
     stream = await open_stream(svc, info, after=after)
-    return StreamingResponse(_frames(stream, after, wait_s_for(svc, info)), media_type="text/event-stream",
+    return StreamingResponse(_frames(stream, after, wait_s_for(svc, info), info.chosen_request_id),
+                             media_type="text/event-stream",
                              headers={**SSE_HEADERS, "X-Request-Id": info.request_id})
 
 
-async def _frames(stream: RequestStream, after: int | None, wait_s: float):
+async def _frames(stream: RequestStream, after: int | None, wait_s: float, chosen_request_id: str | None):
     try:
         async for event in stream.events(wait_s):
             burst = [event, *stream.ready()]  # history comes in bursts: one write each
-            chunks = [frame(event_json(e), e.offset) for e in burst if after is None or e.offset > after]
+            chunks = [frame(event_json(e, chosen_request_id), e.offset)
+                      for e in burst if after is None or e.offset > after]
             if chunks:
                 yield b"".join(chunks)
     except StreamTimeout:

@@ -48,11 +48,11 @@ class KeyReused(Exception):
 
 
 class RequestIdInUse(Exception):
-    """A generation already has the request_id its client chose."""
+    """A generation (`existing`, its id on the log) already has the request_id its client chose."""
 
-    def __init__(self, chosen: str):
+    def __init__(self, chosen: str, existing: str):
         super().__init__(chosen)
-        self.chosen = chosen
+        self.chosen, self.existing = chosen, existing
 
 
 def validate_key(key: str) -> str:
@@ -143,7 +143,9 @@ def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_k
     `KeyReused` or `RequestIdInUse`."""
     chosen = cmd.request_id
     if chosen is not None:
-        cmd = replace(cmd, request_id=client_request_id(tenant_id, chosen))
+        # A fallback's id is its client's with a suffix: the client's own stays the one echoed.
+        cmd = replace(cmd, request_id=client_request_id(tenant_id, chosen),
+                      chosen_request_id=cmd.chosen_request_id or chosen)
     if idempotency_key is not None:
         key_sha = key_sha256(tenant_id, validate_key(idempotency_key))
         body_sha = request_sha256(cmd.route, body, digests.key_for(tenant_id) if digests is not None else None)
@@ -156,7 +158,7 @@ def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_k
         cmd = replace(cmd, idempotency_key_sha256=key_sha, request_sha256=body_sha, request_id=cmd.request_id
                       or keyed_request_id(id_prefix, tenant_id, idempotency_key, now))
     elif chosen is not None and index.request(tenant_id, cmd.request_id):
-        raise RequestIdInUse(chosen)
+        raise RequestIdInUse(chosen, cmd.request_id)
     return cmd if cmd.request_id else replace(cmd, request_id=id_prefix + uuid.uuid4().hex)
 
 

@@ -41,6 +41,7 @@ class RequestInfo:
     deadline_at: datetime | None
     at: datetime
     offset: int  # of the GenerationRequested in the tenant's requests partition
+    chosen_request_id: str | None = None  # the request_id its client chose, if it chose one
 
 
 class RequestIndex:
@@ -74,6 +75,13 @@ class RequestIndex:
             return None  # ledger or outcome events alone: a request older than the window
         row = self._rows.get(key)
         return dict(row) if row else None
+
+    def chosen_request_ids(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The request_ids clients chose, of those of these (tenant, generation id) that chose
+        one and are within the window."""
+        self.catch_up("", (topics.REQUESTS,))
+        found = {key: self._requests.get(key) for key in keys}
+        return {key: info.chosen_request_id for key, info in found.items() if info and info.chosen_request_id}
 
     def warm(self) -> None:
         """Reads the window now (an API calls this in the background at start), so the first
@@ -142,7 +150,8 @@ class RequestIndex:
                 tenant_id=e.tenant_id, request_id=request_id, route=p.get("route", "generations"),
                 model_alias=p.get("model_alias", ""), stream_offset=p.get("stream_offset", 0),
                 request_sha256=p.get("request_sha256"), idempotency_key_sha256=p.get("idempotency_key_sha256"),
-                deadline_at=parse_time(p.get("deadline_at")), at=at, offset=e.offset)
+                deadline_at=parse_time(p.get("deadline_at")), at=at, offset=e.offset,
+                chosen_request_id=p.get("chosen_request_id"))
         key_sha = p.get("idempotency_key_sha256")
         if key_sha:
             current = self._claims.get((e.tenant_id, key_sha))

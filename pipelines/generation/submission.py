@@ -72,6 +72,9 @@ class SubmitGeneration:
     # the request named, which was refused for capacity.
     fallback_to: str | None = None
     fallback_from: str | None = None
+    # The request_id its client chose, kept on the request so answers can echo it
+    # (`request_id` becomes the id on the log derived from it).
+    chosen_request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ def _write(cmd: SubmitGeneration, principal: Principal, log: EventLog, pick: _Pi
         request_sha256=cmd.request_sha256, rollout_id=route.rollout_id, rollout_arm=route.arm,
         cache=hit, route_rule=pick.rule, fallback_from=pick.fallback_from,
         affinity=prefix_affinity(cmd, principal.tenant_id, digests) if affinity else None,
+        chosen_request_id=cmd.chosen_request_id,
     )
     [request_record] = publish(log, topics.REQUESTS, [new_event(
         request, tenant_id=principal.tenant_id, correlation_id=request_id, causation_id=str(prompt_env.event_id))])

@@ -152,7 +152,7 @@ def test_a_sigkilled_worker_s_queued_work_moves_to_the_survivor_within_seconds(l
                                 and r.json()["error"]["code"] == "admission_timeout"):
                             break
                     results.append((r.status_code, time.monotonic(),
-                                    r.json()["request_id"] if r.status_code == 200 else r.text[:300]))
+                                    r.json()["id"] if r.status_code == 200 else r.text[:300]))
                 threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(BURST)]
                 for t in threads:
                     t.start()
