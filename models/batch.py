@@ -19,8 +19,8 @@ from typing import Literal
 from models.events import Envelope
 from models.events_batch import (
     BATCH_TERMINAL, BatchCancelled, BatchCancelRequested, BatchChunkCompleted, BatchChunkFailed, BatchChunkQueued,
-    BatchChunkSkipped, BatchChunkStarted, BatchCompleted, BatchError, BatchExpired, BatchFailed,
-    BatchFinalizationStarted, BatchSubmitted, BatchUsageSettled, BatchValidated, BatchWindowElapsed, FileDeleted,
+    BatchChunkSkipped, BatchChunkStarted, BatchCompleted, BatchEngineStarted, BatchEngineStarting, BatchError,
+    BatchExpired, BatchFailed, BatchFinalizationStarted, BatchSubmitted, BatchUsageSettled, BatchValidated, BatchWindowElapsed, FileDeleted,
     FileUploaded, RequestCounts, SummarizationSpec,
 )
 
@@ -28,6 +28,7 @@ Status = Literal["validating", "failed", "in_progress", "finalizing", "completed
                  "cancelled"]
 ChunkStatus = Literal["pending", "queued", "running", "completed", "failed", "skipped"]
 TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
+ENGINE_STARTING = "starting the batch engine"
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ChunkState:
     error_code: str | None = None  # failure code or skip reason
     queued_at: datetime | None = None
     started_at: datetime | None = None
+    engine_starting: bool = False  # its worker reported starting an engine and not yet that it is up
 
     @property
     def terminal(self) -> bool:
@@ -113,6 +115,13 @@ class BatchState:
     def usage(self) -> tuple[int, int]:
         return (sum(c.input_tokens for c in self.chunks), sum(c.output_tokens for c in self.chunks))
 
+    @property
+    def status_detail(self) -> str | None:
+        """What a running batch is doing besides its status: only what a worker reported."""
+        if not self.terminal and any(c.engine_starting and c.status == "running" for c in self.chunks):
+            return ENGINE_STARTING
+        return None
+
     def in_flight(self) -> list[ChunkState]:
         return [c for c in self.chunks if c.status in ("queued", "running")]
 
@@ -151,7 +160,7 @@ class BatchState:
             if self.status == "in_progress" and not self.stopping:
                 self.status = "finalizing"
         elif isinstance(p, (BatchChunkQueued, BatchChunkStarted, BatchChunkCompleted, BatchChunkFailed,
-                            BatchChunkSkipped, BatchUsageSettled)):
+                            BatchChunkSkipped, BatchUsageSettled, BatchEngineStarting, BatchEngineStarted)):
             if self.validated and 0 <= p.chunk_index < len(self.chunks):
                 apply_chunk(self.chunks[p.chunk_index], p, when)
         elif isinstance(p, BATCH_TERMINAL):
@@ -182,6 +191,11 @@ def apply_chunk(chunk: ChunkState, p, when: datetime) -> None:
         chunk.started_at = max(chunk.started_at or when, when)
         if chunk.status in ("pending", "queued"):
             chunk.status = "running"
+        chunk.engine_starting = False  # an attempt begins; its worker says if it must start an engine
+    elif isinstance(p, BatchEngineStarting):
+        chunk.engine_starting = not chunk.terminal
+    elif isinstance(p, BatchEngineStarted):
+        chunk.engine_starting = False
     elif isinstance(p, BatchUsageSettled):
         chunk.settled = True
     elif chunk.terminal:

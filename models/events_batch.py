@@ -125,6 +125,26 @@ class BatchChunkStarted(Payload):
     attempt: int = Field(ge=1)
 
 
+@event("BatchEngineStarting")
+class BatchEngineStarting(Payload):
+    """The worker running this chunk began starting its engine (loading the model), which
+    takes a while before any request of the chunk runs."""
+
+    batch_id: str
+    chunk_index: int = Field(ge=0)
+    worker_id: str
+
+
+@event("BatchEngineStarted")
+class BatchEngineStarted(Payload):
+    """The engine is up; the chunk's requests run next."""
+
+    batch_id: str
+    chunk_index: int = Field(ge=0)
+    worker_id: str
+    duration_ms: int = Field(default=0, ge=0)
+
+
 @event("BatchChunkCompleted")
 class BatchChunkCompleted(Payload):
     """The chunk's one Parquet part is written; usage is what its requests used."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from pipelines import artifacts
 from pipelines.log_level import engine_logging
@@ -109,8 +110,11 @@ class EngineSlot:
     key: tuple | None = None
     factory: type = VllmBatchEngine
 
-    def get(self, *, model_path: str, max_model_len: int, pinned_hash: str,
-            artifact_manifest: str | None = None) -> BatchEngine:
+    def get(self, *, model_path: str, max_model_len: int, pinned_hash: str, artifact_manifest: str | None = None,
+            on_starting: Callable[[], None] = lambda: None,
+            on_started: Callable[[float], None] = lambda seconds: None) -> BatchEngine:
+        """The warm engine, or a new one: `on_starting` is called right before one is made,
+        `on_started` with the seconds it took once it is up."""
         key = (model_path, max_model_len, pinned_hash, artifact_manifest)
         if self.engine is not None and self.key == key:
             return self.engine
@@ -129,7 +133,10 @@ class EngineSlot:
                                      f"(manifest {found[:12]}, approved {artifact_manifest[:12]})")
         self.drop()
         logger.info("starting the batch engine for %s", model_path)
+        on_starting()
+        began = time.monotonic()
         self.engine, self.key = self.factory(config), key
+        on_started(time.monotonic() - began)
         return self.engine
 
     def drop(self) -> None:

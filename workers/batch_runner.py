@@ -19,7 +19,10 @@ from datetime import datetime, timezone
 from models import batch_keys as keys
 from models import topics
 from models.events import Payload, new_event
-from models.events_batch import BatchChunkCompleted, BatchChunkFailed, BatchChunkSkipped, BatchChunkStarted
+from models.events_batch import (
+    BatchChunkCompleted, BatchChunkFailed, BatchChunkSkipped, BatchChunkStarted, BatchEngineStarted,
+    BatchEngineStarting,
+)
 from models.summarization import Shape
 from pipelines.batch.lines import request_id
 from pipelines.batch.schemas import REQUEST_PART, SUMMARY_PART, read_table, read_usage, write_table
@@ -83,8 +86,7 @@ def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: En
         began = time.monotonic()
         rows = read_table(store, task.input_key).to_pylist()
         try:
-            engine = engines.get(model_path=task.model_path, max_model_len=task.max_model_len,
-                                 pinned_hash=task.engine_config_hash, artifact_manifest=task.artifact_manifest)
+            engine = _engine(task, engines, log, worker_id)
             if task.summarization:
                 out, usage = _summaries(task, rows, engine, store)
             else:
@@ -104,6 +106,16 @@ def run_chunk(task: ChunkTask, *, store: ObjectStore, log: EventLog, engines: En
         model_revision=task.model_revision, worker_id=worker_id, duration_ms=usage.get("duration_ms", 0),
         map_reduced=usage.get("map_reduced", 0)))
     return "completed"
+
+
+def _engine(task: ChunkTask, engines: EngineSlot, log: EventLog, worker_id: str):
+    """The chunk's engine; starting one (seconds, on a first chunk) is reported, so the
+    batch's status can say so until it is up."""
+    ids = {"batch_id": task.batch_id, "chunk_index": task.chunk_index, "worker_id": worker_id}
+    return engines.get(
+        model_path=task.model_path, max_model_len=task.max_model_len, pinned_hash=task.engine_config_hash,
+        artifact_manifest=task.artifact_manifest, on_starting=lambda: report(log, task, BatchEngineStarting(**ids)),
+        on_started=lambda s: report(log, task, BatchEngineStarted(**ids, duration_ms=int(s * 1000))))
 
 
 def _usage(rows: list[dict], ok) -> dict:

@@ -41,7 +41,8 @@ def register(subparsers) -> dict:
     summarize.add_argument("--wait", action="store_true")
     for name in ("status", "cancel"):
         sub.add_parser(name).add_argument("id")
-    download = sub.add_parser("download", help="save a batch's output and error files")
+    download = sub.add_parser("download", help="save a batch's output and error files, or a "
+                              "summarization's Parquet parts, into -o DIR")
     download.add_argument("id")
     download.add_argument("-o", "--output-dir", type=Path, default=Path("."))
     sub.add_parser("list")
@@ -78,7 +79,7 @@ def progress_line(job: dict, started: dict, elapsed_s: float) -> dict:
     out_tokens = (job.get("usage") or {}).get("output_tokens", 0)
     rate = (out_tokens - started.get("output_tokens", 0)) / elapsed_s if elapsed_s > 0 else 0.0
     return {"done": counts.get("completed", 0) + counts.get("failed", 0), "total": counts.get("total", 0),
-            "tokens_per_s": rate, "status": job["status"]}
+            "tokens_per_s": rate, "status": job["status"], "detail": job.get("status_detail")}
 
 
 def follow(client, job_id: str, *, interval_s: float = 1.0, out=sys.stderr) -> dict:
@@ -96,7 +97,8 @@ def follow(client, job_id: str, *, interval_s: float = 1.0, out=sys.stderr) -> d
                 bar.total = line["total"]
                 bar.refresh()
             bar.update(line["done"] - bar.n)
-            bar.set_postfix_str(f"{line['status']}, {line['tokens_per_s']:.0f} tok/s")
+            status = f"{line['status']} ({line['detail']})" if line["detail"] else line["status"]
+            bar.set_postfix_str(f"{status}, {line['tokens_per_s']:.0f} tok/s")
             if job["status"] in TERMINAL:
                 return job
             time.sleep(interval_s)  # a poll interval, not synchronisation
@@ -129,8 +131,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         elif args.action == "cancel":
             job = _check(client.post(f"{_path_of(args.id)}/{args.id}/cancel")).json()
         elif args.action == "list":
-            for item in _check(client.get("/v1/batches", params={"limit": 100})).json()["data"]:
-                print(json.dumps({k: item[k] for k in ("id", "status", "request_counts", "created_at")}))
+            for item in list_jobs(client):
+                print(json.dumps(item))
             return 0
         else:
             return _download(client, args.id, args.output_dir)
@@ -140,22 +142,52 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return 0 if job["status"] not in ("failed", "expired") else 1
 
 
+def list_jobs(client, limit: int = 100) -> list[dict]:
+    """The tenant's batches and summarizations together, newest first, as the API orders a page."""
+    jobs = [{"kind": kind, **item} for kind, path in (("batch", "/v1/batches"), ("summarization", "/v1/summarizations"))
+            for item in _check(client.get(path, params={"limit": limit})).json()["data"]]
+    jobs.sort(key=lambda j: (j["created_at"] or 0, j["id"]), reverse=True)
+    return [{k: j.get(k) for k in ("id", "kind", "status", "request_counts", "created_at")} for j in jobs[:limit]]
+
+
+def _make_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"error: cannot use {directory} as the output folder: {exc.strerror or exc}") from None
+
+
+def _save(client, url: str, target: Path) -> None:
+    with client.stream("GET", url) as response:
+        _check(response)
+        with target.open("wb") as f:
+            for block in response.iter_bytes():
+                f.write(block)
+
+
+def _download_summarization(client, job_id: str, directory: Path) -> int:
+    """Writes the job's Parquet parts into `directory`, one path printed per part."""
+    parts = _check(client.get(f"/v1/summarizations/{job_id}/output")).json()["data"]
+    _make_dir(directory)
+    for part in parts:
+        target = directory / Path(part["name"]).name
+        _save(client, part["url"], target)
+        print(target)
+    if not parts:
+        print(f"summarization {job_id} ended with no output rows", file=sys.stderr)
+    return 0
+
+
 def _download(client, job_id: str, directory: Path) -> int:
-    if job_id.startswith("summ_"):  # a summarization's output is a Parquet dataset: say where it is
-        job = _check(client.get(f"/v1/summarizations/{job_id}")).json()
-        print(json.dumps({k: job[k] for k in ("status", "data_uri", "manifest_uri")}))
-        return 0
+    if job_id.startswith("summ_"):
+        return _download_summarization(client, job_id, directory)
     job = _check(client.get(f"/v1/batches/{job_id}")).json()
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_dir(directory)
     saved = {}
     for field in ("output_file_id", "error_file_id"):
         if file_id := job.get(field):
             target = directory / f"{job_id}_{field.removesuffix('_file_id')}.jsonl"
-            with client.stream("GET", f"/v1/files/{file_id}/content") as response:
-                _check(response)
-                with target.open("wb") as f:
-                    for block in response.iter_bytes():
-                        f.write(block)
+            _save(client, f"/v1/files/{file_id}/content", target)
             saved[field] = str(target)
     if not saved:
         print(f"batch {job_id} is {job['status']} and has no files yet", file=sys.stderr)

@@ -58,6 +58,7 @@ def _common(b: BatchState) -> dict:
             "cancelled_at")},
         "errors": {"object": "list", "data": [e.model_dump() for e in b.errors]} if b.errors else None,
         "request_counts": counts.model_dump(),
+        "status_detail": b.status_detail,  # e.g. "starting the batch engine", as a worker reported it
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
                   "total_tokens": input_tokens + output_tokens, "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},

@@ -3,17 +3,20 @@ JSONL file with columns `id` and `text`, uploaded (`input_file_id`) or already i
 object store under the tenant's own prefix (`input_url`). The output is a Parquet
 dataset (`data_uri`) with `id, summary, input_tokens, output_tokens, finish_reason,
 model_revision, error`, plus a `manifest.json`; documents longer than the model's
-context are summarized map-reduce style."""
+context are summarized map-reduce style. Once the job ends, `/output` lists its Parquet
+parts and `/output/{name}` serves each one's bytes."""
 from __future__ import annotations
 
 import asyncio
 
 from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import ServicesDep
 from api.errors import ApiError
 from api.routes.batch_deps import BatchDep, BatchServicesDep, page, summarization_object
+from pipelines.batch.output import open_part, output_parts
 from pipelines.batch.submit import SubmitSummarization, cancel_batch, submit_summarization
 
 router = APIRouter()
@@ -68,3 +71,25 @@ def cancel(job_id: str, principal: BatchDep, svc: ServicesDep, bsvc: BatchServic
     _own_job(bsvc, principal, job_id)
     job = cancel_batch(job_id, principal=principal, view=bsvc.view, log=svc.log, kind="summarization")
     return summarization_object(job, bsvc.store)
+
+
+@router.get("/v1/summarizations/{job_id}/output")
+def list_output(job_id: str, principal: BatchDep, bsvc: BatchServicesDep):
+    manifest, parts = output_parts(_own_job(bsvc, principal, job_id), bsvc.store)
+    return {"object": "list", "manifest": manifest, "data": [
+        {"object": "summarization.output_part", "name": p.name, "rows": p.rows, "bytes": p.bytes,
+         "url": f"/v1/summarizations/{job_id}/output/{p.name}"} for p in parts]}
+
+
+@router.get("/v1/summarizations/{job_id}/output/{name}", responses={200: {"description": "The part's bytes",
+            "content": {"application/vnd.apache.parquet": {"schema": {"type": "string"}}}}})
+def get_output_part(job_id: str, name: str, principal: BatchDep, bsvc: BatchServicesDep):
+    part, reader = open_part(_own_job(bsvc, principal, job_id), bsvc.store, name)
+
+    def chunks():
+        with reader:
+            while block := reader.read(1 << 20):
+                yield block
+
+    return StreamingResponse(chunks(), media_type="application/vnd.apache.parquet", headers={
+        "Content-Length": str(part.bytes), "Content-Disposition": f'attachment; filename="{part.name}"'})

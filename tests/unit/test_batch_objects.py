@@ -64,4 +64,4 @@ def test_progress_line_counts_requests_done_and_output_tokens_per_second():
     job = {"status": "in_progress", "request_counts": {"total": 10, "completed": 4, "failed": 1},
            "usage": {"output_tokens": 700}}
     line = progress_line(job, {"output_tokens": 100}, elapsed_s=3.0)
-    assert line == {"done": 5, "total": 10, "tokens_per_s": 200.0, "status": "in_progress"}
+    assert line == {"done": 5, "total": 10, "tokens_per_s": 200.0, "status": "in_progress", "detail": None}
