@@ -31,8 +31,8 @@ _verify_lock = threading.Lock()  # one verification at a time per process: it re
 @router.get("/fleet")
 def fleet(request: Request, user: UserDep, slo_window: str | None = None):
     user.require_operator()
-    view = request.app.state.services.fleet
-    report = fleet_report(view.all(), wall_clock(), view.lost_after_s)
+    services = request.app.state.services
+    report = fleet_report(services.fleet.all(), wall_clock(), services.settings.worker_lost_after_s)
     return page(request, "fleet.html", user=user, report=report, slo=slo_section(request, slo_window))
 
 

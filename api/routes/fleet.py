@@ -4,7 +4,9 @@ as every `/v1/admin` route: it names hosts and process ids.
 
 It answers from `svc.fleet` as of its last refresh (the API refreshes it in the
 background), judged against the clock now, so a silent worker shows as lost without a
-read of the log.
+read of the log. A worker is judged lost as admission judges it: silent for the
+settings' `worker_lost_after_s` (never less than three of its own heartbeat intervals),
+which the answer's `lost_after_s` says.
 """
 from __future__ import annotations
 
@@ -20,5 +22,5 @@ router = APIRouter(prefix="/v1/admin")
 
 @router.get("/fleet", response_model=FleetOut)
 async def fleet(svc: ServicesDep, _: ActorDep, pool: str | None = None, model_revision: str | None = None) -> FleetOut:
-    view = svc.fleet
-    return fleet_report(view.all(), wall_clock(), view.lost_after_s, pool=pool, revision=model_revision)
+    return fleet_report(svc.fleet.all(), wall_clock(), svc.settings.worker_lost_after_s, pool=pool,
+                        revision=model_revision)

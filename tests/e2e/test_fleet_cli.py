@@ -27,9 +27,11 @@ LOAD = Load(running=2, waiting=3, free_slots=4, kv_cache_usage=0.5, output_token
             preemptions=1, prefix_cache_queries=400, prefix_cache_hits=100)
 
 
-def ledgerlm(settings, *args: str) -> subprocess.CompletedProcess:
+def ledgerlm(settings, *args: str, lost_after_s: str = "0.5") -> subprocess.CompletedProcess:
+    """The command as an operator runs it, with the platform's lost-after setting (shorter
+    than the default, so a silenced worker is lost within this test)."""
     env = {**os.environ, "LEDGERLM_HOME": str(settings.home), "LEDGERLM_EVENT_LOG_URL": settings.event_log_url,
-           "LEDGERLM_EVENT_LOG_NAMESPACE": settings.event_log_namespace}
+           "LEDGERLM_EVENT_LOG_NAMESPACE": settings.event_log_namespace, "LEDGERLM_WORKER_LOST_AFTER_S": lost_after_s}
     result = subprocess.run([sys.executable, "-m", "api.cli", "fleet", *args], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -67,7 +69,10 @@ def test_fleet_status_shows_live_lost_and_left_workers(kind, tmp_path):
         assert live["capacity"] == {"max_seqs": 6, "kv_cache_tokens": 12288, "max_model_len": 2048}
         assert live["load"] == {"running": 2, "waiting": 3, "free_slots": 4, "kv_cache_usage": 0.5,
                                 "output_tokens_per_s": 12.5, "kv_tokens_used": 6144, "preemptions": 1,
-                                "prefix_cache_queries": 400, "prefix_cache_hits": 100}
+                                "prefix_cache_queries": 400, "prefix_cache_hits": 100,
+                                "engine_slots_free": 4, "take_ahead_free": 0}
+        # The setting (0.5 s) judges, but never less than three 0.25 s heartbeat intervals.
+        assert report["lost_after_s"] == 0.5 and live["lost_after_s"] == 0.75
         assert live["last_heartbeat_age_s"] < 10 and live["heartbeat_interval_ms"] == 250
         assert silent["last_heartbeat_age_s"] > 3 * INTERVAL_S
         assert (gone["left_reason"], gone["exit_code"]) == ("shutdown", 0)
@@ -82,8 +87,12 @@ def test_fleet_status_shows_live_lost_and_left_workers(kind, tmp_path):
         states = {row[0]: row[4] for row in rows}
         assert states == {f"live-{tag}": "live", f"silent-{tag}": "lost", f"gone-{tag}": "left"}
         live_row = next(row for row in rows if row[0] == f"live-{tag}")
-        assert live_row[9:11] == ["12288", "6144"]  # KV TOKENS, KV USED
+        assert live_row[5:12] == ["6", "2", "3", "4", "0", "12288", "6144"]  # SEQS .. FREE, AHEAD, KV TOKENS, KV USED
         assert json.loads(ledgerlm(opener.settings, "status", "--json", "--pool", "other").stdout)["workers"] == []
+        told = json.loads(ledgerlm(opener.settings, "status", "--json", "--lost-after", "30", lost_after_s="2").stdout)
+        assert told["lost_after_s"] == 30 and {w["worker_id"]: w["status"] for w in told["workers"]}[f"silent-{tag}"] \
+            == "live", "--lost-after overrides the setting"
+        assert json.loads(ledgerlm(opener.settings, "status", "--json", lost_after_s="2").stdout)["lost_after_s"] == 2
     finally:
         for presence in presences.values():
             presence.silence()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from api.cli.fleet import table
+from api.cli.fleet import NAME_CAP, table
 from api.fleet_report import fleet_report
 from models.events_fleet import Capacity, WorkerDraining, WorkerHeartbeat, WorkerJoined, WorkerLeft
 from models.fleet import FleetState
@@ -95,7 +95,7 @@ def test_the_table_has_a_line_per_worker_and_per_pool():
     a4 = next(line for line in lines if line.startswith("a4 "))
     assert "lost" in a4 and "rev-a" in a4 and "(5.0s ago)" in a4
     rev_a = next(line for line in lines if line.startswith("interactive") and "rev-a" in line)
-    assert rev_a.split()[2:4] == ["2", "12"] and "1 draining, 1 lost, 1 left" in rev_a
+    assert rev_a.split()[2:4] == ["2", "16"] and "1 draining, 1 lost, 1 left" in rev_a  # SERVING, SEQS
     assert "(no workers heard from)" in table(fleet_report([], T0))
 
 
@@ -104,3 +104,171 @@ def test_the_prometheus_scrape_config_parses_and_scrapes_the_api():
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert "ledgerlm-api" in jobs
     assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in jobs.values())
+
+
+def _columns(head: str, line: str, names: tuple[str, ...]) -> list[str]:
+    """The figures of `line` under the named (right-aligned) columns of `head`."""
+    return [line[:head.index(name) + len(name)].split()[-1] for name in names]
+
+
+def slots(free_slots: int, running: int, waiting: int = 0) -> FleetState:
+    """One worker of 16 sequences (a take-ahead of 16: 32 slots in all) at T0+1s."""
+    state = FleetState()
+    identity = who("a1") | {"capacity": Capacity(max_seqs=16, kv_cache_tokens=4096, max_model_len=512)}
+    state.apply(WorkerHeartbeat(**identity, seq=0, running=running, waiting=waiting, free_slots=free_slots,
+                                kv_cache_usage=0.0, output_tokens_per_s=0.0), T0 + timedelta(seconds=1))
+    return state
+
+
+def test_free_slots_are_split_into_the_engines_and_the_take_ahead_room():
+    idle = fleet_report(slots(free_slots=32, running=0).all(), T0 + timedelta(seconds=1))
+    [w], [p] = idle.workers, idle.pools
+    assert (w.load.free_slots, w.load.engine_slots_free, w.load.take_ahead_free) == (32, 16, 16)
+    assert (p.free_slots, p.engine_slots_free, p.take_ahead_free, p.max_seqs) == (32, 16, 16, 16)
+    # 20 taken: the engine's 16 all run, 4 wait inside it, 12 places of take-ahead are left.
+    busy = fleet_report(slots(free_slots=12, running=16, waiting=4).all(), T0 + timedelta(seconds=1))
+    assert (busy.workers[0].load.engine_slots_free, busy.workers[0].load.take_ahead_free) == (0, 12)
+    some = fleet_report(slots(free_slots=22, running=10).all(), T0 + timedelta(seconds=1))
+    assert (some.pools[0].engine_slots_free, some.pools[0].take_ahead_free) == (6, 16)
+    as_json = idle.model_dump(mode="json")
+    assert as_json["workers"][0]["load"]["free_slots"] == 32, "the field clients read is kept as it was"
+    assert as_json["pools"][0]["take_ahead_free"] == 16
+
+
+def test_a_lost_pool_counts_no_free_slots_of_either_kind():
+    report = fleet_report(slots(free_slots=32, running=0).all(), T0 + timedelta(seconds=60))
+    assert report.workers[0].status == "lost"
+    assert (report.pools[0].engine_slots_free, report.pools[0].take_ahead_free) == (0, 0)
+
+
+def test_the_table_shows_free_engine_slots_and_take_ahead_apart_with_a_legend():
+    text = table(fleet_report(slots(free_slots=32, running=0).all(), T0 + timedelta(seconds=1)))
+    lines = text.splitlines()
+    head = lines[1]
+    a1 = next(line for line in lines if line.startswith("a1 "))
+    assert _columns(head, a1, ("SEQS", "RUNNING", "FREE", "AHEAD")) == ["16", "0", "16", "16"]
+    pool_head = next(line for line in lines if line.startswith("POOL"))
+    pool_row = lines[lines.index(pool_head) + 1]
+    assert _columns(pool_head, pool_row, ("SEQS", "FREE", "AHEAD")) == ["16", "16", "16"]
+    legend = {line.split()[0]: line for line in lines if line[:1].isupper() and "  " in line[:10]}
+    assert "engine slots free" in legend["FREE"] and "take-ahead" in legend["AHEAD"].lower()
+    assert "free_slots" in text and "LEDGERLM_WORKER_TAKE_AHEAD" in text
+
+
+def test_lost_after_is_the_platforms_setting_judged_as_admission_judges_it():
+    state = FleetState()
+    slow = who("s1") | {"heartbeat_interval_ms": 3000}  # three intervals (9 s) outlast the setting
+    state.apply(WorkerJoined(**who("a1")), T0)
+    state.apply(WorkerJoined(**slow), T0)
+    at_7s = fleet_report(state.all(), T0 + timedelta(seconds=7), 5.0)
+    assert at_7s.lost_after_s == 5.0
+    assert {w.worker_id: (w.status, w.lost_after_s) for w in at_7s.workers} == {
+        "a1": ("lost", 5.0), "s1": ("live", 9.0)}
+    at_4s = fleet_report(state.all(), T0 + timedelta(seconds=4), 5.0)
+    assert [w.status for w in at_4s.workers] == ["live", "live"], "three 1 s beats missed is not lost at 5 s"
+    assert fleet_report(state.all(), T0 + timedelta(seconds=4)).workers[0].status == "lost"  # none given: 3 beats
+    assert "lost after 5s of silence" in table(at_7s).splitlines()[0]
+
+
+def test_the_fleet_route_judges_by_the_settings_lost_after():
+    import asyncio
+    from types import SimpleNamespace
+
+    from api.routes.fleet import fleet as fleet_route
+
+    state = fleet()
+    view = SimpleNamespace(all=state.all, lost_after_s=None)
+    svc = SimpleNamespace(fleet=view, settings=SimpleNamespace(worker_lost_after_s=7.5))
+    answer = asyncio.run(fleet_route(svc, None))
+    assert answer.lost_after_s == 7.5 and answer.model_dump(mode="json")["lost_after_s"] == 7.5
+    assert {w.lost_after_s for w in answer.workers} == {7.5}
+
+
+def test_the_console_fleet_page_shows_the_split_and_the_lost_rule():
+    import re
+
+    from jinja2 import ChoiceLoader, DictLoader
+
+    from api.console.render import environment
+
+    console = environment()
+    fleet_only = console.overlay(loader=ChoiceLoader([DictLoader({"fleet_slo.html": ""}), console.loader]))
+    report = fleet_report(slots(free_slots=22, running=10).all(), T0 + timedelta(seconds=1), 5.0)
+    html = fleet_only.get_template("fleet.html").render(user=None, report=report)
+    pools, workers = html.split('id="workers"')
+    for part in (pools, workers):
+        assert re.findall(r'class="num engine-free">(\d+)<', part) == ["6"]
+        assert re.findall(r'class="num take-ahead">(\d+)<', part) == ["16"]
+    assert "Engine slots free" in pools and "Take-ahead room" in pools
+    assert "lost after 5.0 s without a heartbeat" in html and "GiB" in html
+
+
+def long_names() -> FleetState:
+    state = FleetState()
+    for worker_id, revision in (("w1", "org/a-very-long-model-name-instruct@" + "0123456789abcdef" * 2),
+                                ("w2", "tiny@r1")):
+        identity = who(worker_id) | {"model_revision": revision}
+        state.apply(WorkerHeartbeat(**identity, seq=0, running=1, waiting=0, free_slots=15,
+                                    kv_cache_usage=0.1, output_tokens_per_s=2.0), T0 + timedelta(seconds=1))
+    return state
+
+
+def _aligned(lines: list[str], head: str) -> None:
+    """Every row's cells sit under the header's columns: each right-aligned figure ends where
+    its column's name ends, and the STATE column starts where its name does."""
+    for line in lines:
+        for name in ("SEQS", "RUNNING", "FREE", "AHEAD", "KV TOKENS"):
+            end = head.index(name) + len(name)
+            assert line[end - 1] != " " and line[end] == " ", (name, line)
+        assert line[head.index("STATE"):].startswith("live"), line
+
+
+def test_long_revision_names_are_cut_and_keep_the_columns_aligned():
+    report = fleet_report(long_names().all(), T0 + timedelta(seconds=1))
+    lines = table(report).splitlines()
+    head, rows = lines[1], lines[2:4]
+    _aligned(rows, head)
+    long_revision = report.workers[0].model_revision
+    assert long_revision not in "\n".join(lines) and long_revision[:NAME_CAP - 1] + "…" in rows[0]
+    assert any("--wide" in line for line in lines)
+    pool_rows = [line for line in lines if line.startswith("interactive")]
+    assert len(pool_rows) == 2 and all(len(r.split("  ")[0]) <= NAME_CAP for r in pool_rows)
+
+
+def test_wide_shows_long_names_whole_in_aligned_columns():
+    report = fleet_report(long_names().all(), T0 + timedelta(seconds=1))
+    lines = table(report, wide=True).splitlines()
+    head, rows = lines[1], lines[2:4]
+    _aligned(rows, head)
+    assert report.workers[0].model_revision in rows[0] and "…" not in "\n".join(lines)
+    assert not any("--wide" in line for line in lines)
+
+
+def test_the_fleet_status_command_takes_wide_and_refuses_a_bad_lost_after(capsys):
+    import argparse
+
+    import pytest
+
+    from api.cli.fleet import register
+
+    parser = argparse.ArgumentParser(prog="ledgerlm")
+    register(parser.add_subparsers())
+    assert parser.parse_args(["fleet", "status", "--wide"]).wide is True
+    assert parser.parse_args(["fleet", "status"]).lost_after is None  # the settings' then
+    with pytest.raises(SystemExit) as refused:
+        parser.parse_args(["fleet", "status", "--lost-after", "-1"])
+    assert refused.value.code == 2 and "not a positive number of seconds" in capsys.readouterr().err
+
+
+FLEET_SOURCES = ("api/fleet_report.py", "api/cli/fleet.py", "api/routes/fleet.py", "pipelines/fleet.py",
+                 "models/fleet.py", "api/console/templates/fleet.html")
+
+
+def test_kv_figures_are_tokens_and_the_cache_size_is_named_in_gib():
+    # No fleet figure is converted with decimal gigabytes (the capacity plan's GB is its own).
+    for name in FLEET_SOURCES:
+        text = (ROOT / name).read_text()
+        assert not any(decimal in text for decimal in ("1e9", "10**9", "10 ** 9", "1_000_000_000", "capacity_plan")), name
+    text = table(fleet_report(fleet().all(), T0 + timedelta(seconds=10)))
+    assert "KV TOKENS" in text and "in tokens" in text and "LEDGERLM_KV_CACHE_GB, in GiB" in text
+    assert "GiB" in (ROOT / "docs" / "metrics.md").read_text()
