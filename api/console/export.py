@@ -3,6 +3,12 @@
 Both stream: rows are read with a server-side cursor a batch at a time and sent as they are
 written (CSV a row at a time, Parquet a row group at a time), so a range of years costs
 bounded memory and the first bytes leave at once. There is no cap on the range.
+
+The ledger stores `delivered_output_tokens` NULL when the whole output reached the client,
+and `cached` NULL when the row was not answered from the semantic cache. The export fills
+both as the other views read them (`delivered`, `usage_daily.contribution`, a generation's
+status): delivered is all the output tokens then (never more than were generated), and
+cached is false.
 """
 from __future__ import annotations
 
@@ -32,6 +38,21 @@ SCHEMA = pa.schema([
     ("terminal_status", pa.string()), ("settled_at", pa.timestamp("us", tz="UTC")), ("day", pa.string()),
 ])
 assert tuple(SCHEMA.names) == EXPORT_COLUMNS
+OUTPUT, DELIVERED, CACHED = (EXPORT_COLUMNS.index(c) for c in ("output_tokens", "delivered_output_tokens", "cached"))
+
+
+def filled(row: tuple) -> tuple:
+    """A ledger row with its delivered output tokens and cached flag as the other views show them."""
+    cells = list(row)
+    output, delivered = cells[OUTPUT], cells[DELIVERED]
+    cells[DELIVERED] = output if delivered is None else min(delivered, output)
+    cells[CACHED] = bool(cells[CACHED])
+    return tuple(cells)
+
+
+def _filled(batches):
+    for batch in batches:
+        yield [filled(row) for row in batch]
 
 
 def _cell(value) -> str:
@@ -116,7 +137,7 @@ def export(request: Request, user: UserDep, format: str = "csv", tenant: str | N
         raise ConsoleRefusal(400, "format is csv or parquet")
     tenant_id = user.tenant(tenant)
     first, last = day_range(start, end)
-    batches = ledger_rows(projection_db(request), tenant_id=tenant_id, start=first, end=last)
+    batches = _filled(ledger_rows(projection_db(request), tenant_id=tenant_id, start=first, end=last))
     name = f"usage-{tenant_id or 'all'}-{first.isoformat()}-{last.isoformat()}.{format}"
     headers = {"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"}
     if format == "csv":

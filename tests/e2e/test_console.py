@@ -82,6 +82,9 @@ def test_a_tenant_admin_sees_its_tenant_only_on_every_page_and_export(console_pl
         assert exported.status_code == 200
         rows = list(csv.DictReader(io.StringIO(exported.text)))
         assert rows and {r["tenant_id"] for r in rows} == {a.tenant_id}
+        # Every row says how many output tokens reached the client and whether the cache answered.
+        assert all(r["delivered_output_tokens"].isdigit() and int(r["delivered_output_tokens"]) <= int(r["output_tokens"])
+                   and r["cached"] in ("true", "false") for r in rows), rows[:3]
         generations = browser.get("/console/generations?limit=200").text
         assert set(re.findall(r'data-tenant="([^"]+)"', generations)) == {a.tenant_id}
 

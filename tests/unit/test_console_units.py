@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 
 from api.console.auth import same_origin
-from api.console.export import csv_chunks, parquet_chunks
+from api.console.export import csv_chunks, filled, parquet_chunks
 from api.console.pages import limit_rows
 from api.console.render import bar_chart, micros
 from api.console.session import SessionStore
@@ -104,6 +104,27 @@ def test_exports_read_back_as_written():
     assert pq.ParquetFile(io.BytesIO(data)).metadata.num_row_groups == 2
     assert b"".join(parquet_chunks(iter([]))) and pq.read_table(io.BytesIO(b"".join(parquet_chunks(iter([]))))
                                                                ).num_rows == 0
+
+
+def _row(**cells) -> tuple:
+    return tuple(cells.get(name, value) for name, value in zip(EXPORT_COLUMNS, ROW))
+
+
+def test_the_export_fills_delivered_tokens_and_cached_as_the_other_views_read_them():
+    # NULL delivered: the whole output reached the client; NULL cached: not from the cache.
+    whole, early = _row(output_tokens=12), _row(source_id="gen_2", delivered_output_tokens=5, cached=True)
+    over = _row(source_id="gen_3", delivered_output_tokens=40)  # never more than were generated
+    chunk = _row(source="batch_chunk", source_id="b:0", batch_id="b", delivered_output_tokens=None, cached=False)
+    rows = [filled(r) for r in (whole, early, over, chunk)]
+    text = b"".join(csv_chunks(iter([rows]))).decode()
+    shown = [(r["delivered_output_tokens"], r["cached"]) for r in csv.DictReader(io.StringIO(text))]
+    assert shown == [("12", "false"), ("5", "true"), ("12", "false"), ("12", "false")]
+    table = pq.read_table(io.BytesIO(b"".join(parquet_chunks(iter([rows])))))
+    assert table.column("delivered_output_tokens").to_pylist() == [12, 5, 12, 12]
+    assert table.column("cached").to_pylist() == [False, True, False, False]
+    assert table.column("delivered_output_tokens").null_count == 0 and table.column("cached").null_count == 0
+    # The other columns pass through as they are.
+    assert filled(whole)[:10] == whole[:10] and filled(whole)[13:] == whole[13:]
 
 
 def _ledger(**overrides):
