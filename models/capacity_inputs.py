@@ -4,7 +4,7 @@ Pure functions of parsed JSON; reading the files is the caller's."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from models.capacity_plan import ModelShape, PlanError
@@ -62,12 +62,22 @@ class MeasuredGoodput:
     slo: dict[str, Any]
     steps: int
     steps_meeting_slo: int
-    step_index: int  # of the best step, counting from 0
+    step: int  # the best step's number, counting from 1 as the load test's output does
     step_mode: str | None
     step_rate: float | None
     step_concurrency: int | None
     goodput_output_tokens_per_s: float  # over all the target's replicas
     per_replica_tokens_per_s: float
+    # Why the figure may be below what the service can do (None: the test reached saturation).
+    unsaturated: str | None = None
+
+    def load(self) -> str:
+        """The best step's load in words: `rate 8 requests/s`, `concurrency 4`."""
+        if self.step_rate is not None:
+            return f"rate {self.step_rate:g} requests/s"
+        if self.step_concurrency is not None:
+            return f"concurrency {self.step_concurrency}"
+        return self.step_mode or "load not recorded"
 
 
 def _number(value: Any) -> float | None:
@@ -76,9 +86,19 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _unsaturated(result: dict, steps: list, best_index: int) -> bool:
+    """A test that never saturated the service: its best step is its last, no step broke
+    the SLO, and its throughput never stopped rising (a sweep records why it ended)."""
+    broke = any(isinstance(step, dict) and step.get("meets_slo") is False for step in steps)
+    stopped = str(result.get("knee_reason") or "").startswith("throughput stopped rising")
+    return best_index == len(steps) - 1 and not broke and not stopped
+
+
 def measured_goodput(result: Any) -> MeasuredGoodput:
     """From a `ledgerlm loadtest` result: the largest `goodput_output_tokens_per_s` among
-    the steps that met the SLO, divided by the replicas the target had."""
+    the steps that met the SLO, divided by the replicas the target had. When the test never
+    saturated the service (`_unsaturated`), `unsaturated` says so: the figure is then only
+    what was offered, and a plan from it would overstate the replicas."""
     if not isinstance(result, dict) or not isinstance(result.get("steps"), list):
         raise PlanError("not a load test result: expected an object with a list of steps")
     replicas = result.get("replicas")
@@ -97,8 +117,16 @@ def measured_goodput(result: Any) -> MeasuredGoodput:
     index, best = max(met, key=lambda pair: pair[1]["goodput_output_tokens_per_s"])
     goodput = float(best["goodput_output_tokens_per_s"])
     concurrency = best.get("concurrency")
-    return MeasuredGoodput(
+    number = best.get("step")  # results written before steps carried their number: its place
+    out = MeasuredGoodput(
         target=result.get("target"), model=result.get("model"), replicas=replicas, slo=dict(slo), steps=len(steps),
-        steps_meeting_slo=len(met), step_index=index, step_mode=best.get("mode"), step_rate=_number(best.get("rate")),
+        steps_meeting_slo=len(met), step=number if isinstance(number, int) and number > 0 else index + 1,
+        step_mode=best.get("mode"), step_rate=_number(best.get("rate")),
         step_concurrency=concurrency if isinstance(concurrency, int) else None,
         goodput_output_tokens_per_s=goodput, per_replica_tokens_per_s=goodput / replicas)
+    if not _unsaturated(result, steps, index):
+        return out
+    why = (f"the load test did not reach saturation: its best step is its last (step {out.step} of {out.steps}, "
+           f"{out.load()}) and no step broke the SLO, so the service may serve more than was measured and the "
+           "plan would overstate the replicas")
+    return replace(out, unsaturated=why)

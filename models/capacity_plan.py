@@ -11,8 +11,9 @@ Two questions, answered apart:
   (output tokens/s while meeting the SLO), and the plan must still hold after `failures`
   replicas are lost.
 
-Units: GB is 10^9 bytes, as GPU vendors and clouds count it (an "80 GB" GPU); an hour-based
-month is 730 hours (8,760 / 12).
+Units: memory is in GiB (2^30 bytes), the unit the engine's `LEDGERLM_KV_CACHE_GB` is read
+in (`workers/vllm_engine.py`), so a budget given here and one given the engine are the same
+bytes; an "80 GB" GPU holds 80 GiB. An hour-based month is 730 hours (8,760 / 12).
 
 Replica counts are rounded up with exact rational arithmetic on the decimal figures the
 user gave, so 35,000 ÷ (2,500 × 0.7) is 20, not 21 by a float's last bit.
@@ -23,7 +24,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-GB = 10**9
+GiB = 1 << 30  # the unit of every memory figure given to the plan (and to the engine)
 HOURS_PER_MONTH = 730
 KV_TENSORS = 2  # one K and one V vector per token, layer and KV head
 
@@ -98,7 +99,7 @@ class KvPlan:
 def kv_plan(model: ModelShape, *, context_tokens: int, gpu_memory_gb: float | None = None, gpus: int = 1,
             weights_gb: float | None = None, kv_budget_gb: float | None = None) -> KvPlan:
     """The KV budget is `gpus × gpu_memory_gb − weights_gb`, or `kv_budget_gb` when given
-    (then GPU memory and weights must not be)."""
+    (then GPU memory and weights must not be). Every `_gb` figure is in GiB (2^30 bytes)."""
     if not isinstance(context_tokens, int) or context_tokens <= 0:
         raise PlanError(f"context tokens must be a positive whole number, not {context_tokens!r}")
     per_element = dtype_bytes(model.dtype)
@@ -107,21 +108,21 @@ def kv_plan(model: ModelShape, *, context_tokens: int, gpu_memory_gb: float | No
     if kv_budget_gb is not None:
         if gpu_memory_gb is not None or weights_gb is not None:
             raise PlanError("give either a KV budget, or GPU memory and weights, not both")
-        _positive("KV budget (GB)", kv_budget_gb)
-        budget = int(_exact(kv_budget_gb) * GB)
+        _positive("KV budget (GiB)", kv_budget_gb)
+        budget = int(_exact(kv_budget_gb) * GiB)
         gpus_used = memory = weights = None
     else:
         if gpu_memory_gb is None or weights_gb is None:
             raise PlanError("give a KV budget, or GPU memory and the weights' size")
-        _positive("GPU memory (GB)", gpu_memory_gb)
+        _positive("GPU memory (GiB)", gpu_memory_gb)
         if not isinstance(gpus, int) or gpus <= 0:
             raise PlanError(f"GPUs must be a positive whole number, not {gpus!r}")
         if not weights_gb >= 0 or math.isinf(weights_gb):
-            raise PlanError(f"weights (GB) must be zero or more, not {weights_gb}")
-        memory, weights = int(_exact(gpu_memory_gb) * GB), int(_exact(weights_gb) * GB)
+            raise PlanError(f"weights (GiB) must be zero or more, not {weights_gb}")
+        memory, weights = int(_exact(gpu_memory_gb) * GiB), int(_exact(weights_gb) * GiB)
         gpus_used, budget = gpus, gpus * memory - weights
         if budget <= 0:
-            raise PlanError(f"the weights ({weights_gb:g} GB) fill the {gpus} × {gpu_memory_gb:g} GB of GPU memory: "
+            raise PlanError(f"the weights ({weights_gb:g} GiB) fill the {gpus} × {gpu_memory_gb:g} GiB of GPU memory: "
                             "no room is left for the KV cache")
     return KvPlan(layers=model.layers, kv_heads=model.kv_heads, head_dim=model.head_dim, dtype=model.dtype,
                   dtype_bytes=per_element, bytes_per_token=per_token, context_tokens=context_tokens,

@@ -8,8 +8,10 @@ cost a month, with the working shown (or as JSON with `--json`):
         --price-per-replica-hour 3
 
 The model's shape comes from `--model-dir` (its config.json) or explicit numbers; the
-per-replica figure from `--from-loadtest FILE` (a `ledgerlm loadtest` result) or a number.
-GB is 10^9 bytes. Bad input is refused with a message and exit status 2.
+per-replica figure from `--from-loadtest FILE` (a `ledgerlm loadtest` result) or a number;
+a load test that never saturated the service is refused unless `--allow-unsaturated`.
+Memory is in GiB (2^30 bytes), as the engine reads `LEDGERLM_KV_CACHE_GB`; the `-gb` flags
+keep their names and take GiB. Bad input is refused with a message and exit status 2.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from models.capacity_inputs import MeasuredGoodput, measured_goodput, model_shape_from_config
-from models.capacity_plan import GB, KvPlan, ModelShape, PlanError, ReplicaPlan, kv_plan, replica_plan
+from models.capacity_plan import GiB, KvPlan, ModelShape, PlanError, ReplicaPlan, kv_plan, replica_plan
 from models.settings import Settings
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
@@ -52,15 +54,21 @@ def weights_gb_of(directory: Path) -> float:
     for pattern in WEIGHT_PATTERNS:
         files = sorted(directory.glob(pattern))
         if files:
-            return sum(f.stat().st_size for f in files) / GB
+            return sum(f.stat().st_size for f in files) / GiB
     raise PlanError(f"{directory} holds no weight files ({', '.join(WEIGHT_PATTERNS)}): give --weights-gb")
 
 
-def read_loadtest(path: Path) -> MeasuredGoodput:
+def read_loadtest(path: Path, *, allow_unsaturated: bool = False) -> MeasuredGoodput:
+    """The measured goodput; one of a test that never saturated the service is refused
+    unless `allow_unsaturated` (then the caller warns)."""
     try:
-        return measured_goodput(_read_json(path, "load test result"))
+        measured = measured_goodput(_read_json(path, "load test result"))
     except PlanError as exc:
         raise PlanError(f"{path}: {exc}") from None
+    if measured.unsaturated and not allow_unsaturated:
+        raise PlanError(f"{path}: {measured.unsaturated}. Sweep on to higher rates or concurrencies, "
+                        "or give --allow-unsaturated to plan from it anyway")
+    return measured
 
 
 def _model(args: argparse.Namespace) -> ModelShape | None:
@@ -80,7 +88,8 @@ def _model(args: argparse.Namespace) -> ModelShape | None:
 def plan(args: argparse.Namespace) -> dict:
     """The plan as a dict of its parts: `kv` (KvPlan), `replicas` (ReplicaPlan),
     `measured` (MeasuredGoodput, when read from a load test), `weights_from_dir`."""
-    out: dict = {"kv": None, "replicas": None, "measured": None, "loadtest_file": None, "weights_from_dir": False}
+    out: dict = {"kv": None, "replicas": None, "measured": None, "loadtest_file": None, "weights_from_dir": False,
+                 "warnings": []}
     model = _model(args)
     if model is not None:
         if args.context_tokens is None:
@@ -98,8 +107,10 @@ def plan(args: argparse.Namespace) -> dict:
             raise PlanError("give the per-replica goodput: --per-replica-tokens-per-s or --from-loadtest FILE")
         per_replica = args.per_replica_tokens_per_s
         if args.from_loadtest is not None:
-            out["measured"], out["loadtest_file"] = read_loadtest(args.from_loadtest), str(args.from_loadtest)
-            per_replica = out["measured"].per_replica_tokens_per_s
+            out["measured"] = read_loadtest(args.from_loadtest, allow_unsaturated=args.allow_unsaturated)
+            out["loadtest_file"], per_replica = str(args.from_loadtest), out["measured"].per_replica_tokens_per_s
+            if out["measured"].unsaturated:
+                out["warnings"].append(f"{args.from_loadtest}: {out['measured'].unsaturated}")
         out["replicas"] = replica_plan(
             peak_requests_per_s=args.peak_rps, output_tokens_per_request=args.output_tokens,
             per_replica_tokens_per_s=per_replica, ceiling=args.ceiling, failures=args.failures,
@@ -129,15 +140,15 @@ def _label(text: str) -> str:
 
 
 def _gb(nbytes: int) -> str:
-    """Bytes in decimal units, GB unless that would round a figure away."""
-    for unit, size in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
+    """Bytes in binary units, GiB unless that would round a figure away."""
+    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= size / 10:
             return f"{num(nbytes / size)} {unit}"
     return f"{nbytes:,} bytes"
 
 
 def kv_lines(kv: KvPlan, weights_from_dir: bool) -> list[str]:
-    lines = ["KV cache per replica (GB = 10^9 bytes)",
+    lines = ["KV cache per replica (GiB = 2^30 bytes)",
              f"  per token:    2 × {kv.layers} layers × {kv.kv_heads} KV heads × {kv.head_dim} head dim × "
              f"{kv.dtype_bytes} bytes ({kv.dtype}) = {kv.bytes_per_token:,} bytes "
              f"({num(kv.bytes_per_token / 1024)} KiB)",
@@ -162,13 +173,14 @@ def _per_replica_line(r: ReplicaPlan, measured: MeasuredGoodput | None, file: st
         return [f"  per replica:  {num(r.per_replica_tokens_per_s)} output tokens/s at the SLO (given)"]
     m = measured
     slo = ", ".join(f"{k} ≤ {v:g}" for k, v in m.slo.items() if isinstance(v, (int, float))) or "no SLO recorded"
-    at = f"rate {num(m.step_rate)} requests/s" if m.step_rate is not None else (
-        f"concurrency {m.step_concurrency}" if m.step_concurrency is not None else m.step_mode or "?")
-    return [f"  measured:     {num(m.goodput_output_tokens_per_s)} output tokens/s goodput ({slo}) in {file},",
-            f"                step {m.step_index + 1} of {m.steps} ({at}), the best of {m.steps_meeting_slo} "
-            f"that met the SLO, on {m.replicas} replica{'s' if m.replicas > 1 else ''}",
-            f"  per replica:  {num(m.goodput_output_tokens_per_s)} ÷ {m.replicas} = "
-            f"{num(r.per_replica_tokens_per_s)} output tokens/s at the SLO"]
+    lines = [f"  measured:     {num(m.goodput_output_tokens_per_s)} output tokens/s goodput ({slo}) in {file},",
+             f"                step {m.step} of {m.steps} ({m.load()}), the best of {m.steps_meeting_slo} "
+             f"that met the SLO, on {m.replicas} replica{'s' if m.replicas > 1 else ''}",
+             f"  per replica:  {num(m.goodput_output_tokens_per_s)} ÷ {m.replicas} = "
+             f"{num(r.per_replica_tokens_per_s)} output tokens/s at the SLO"]
+    if m.unsaturated:
+        lines.append("  unsaturated:  the test never saturated the service: a replica may serve more than this")
+    return lines
 
 
 def replica_lines(r: ReplicaPlan, measured: MeasuredGoodput | None, file: str | None) -> list[str]:
@@ -218,7 +230,7 @@ def as_json(out: dict) -> str:
     if out["replicas"] is not None:
         source = "given" if out["measured"] is None else {"loadtest_file": out["loadtest_file"],
                                                          **asdict(out["measured"])}
-    doc = {"units": {"GB": GB, "hours_per_month": 730},
+    doc = {"units": {"GiB": GiB, "hours_per_month": 730},
            "kv": asdict(out["kv"]) if out["kv"] else None,
            "replicas": asdict(out["replicas"]) if out["replicas"] else None,
            "per_replica_source": source, "weights_from_dir": out["weights_from_dir"]}
@@ -231,6 +243,8 @@ def _capacity(_: Settings, args: argparse.Namespace) -> int:
     except PlanError as exc:
         print(f"ledgerlm capacity plan: error: {exc}", file=sys.stderr)
         return 2
+    for warning in out["warnings"]:
+        print(f"ledgerlm capacity plan: warning: {warning}", file=sys.stderr, flush=True)
     print(as_json(out) if args.json else working(out), flush=True)
     return 0
 
@@ -265,7 +279,8 @@ def _share(text: str) -> float:
 
 def register(verbs) -> dict:
     cap = verbs.add_parser("capacity", help="plan replicas, KV cache and cost from a model and a measured goodput",
-                           description="GB is 10^9 bytes; a month is 730 hours.")
+                           description="Memory is in GiB (2^30 bytes), as the engine reads LEDGERLM_KV_CACHE_GB; "
+                                       "the -gb flags take GiB. A month is 730 hours.")
     cap.add_argument("action", choices=["plan"], help="plan: the working, figure by figure")
     cap.add_argument("--json", action="store_true", help="every figure of the plan as JSON")
     model = cap.add_argument_group("model (for the KV cache)")
@@ -279,11 +294,13 @@ def register(verbs) -> dict:
     model.add_argument("--context-tokens", metavar="TOKENS", type=positive_int,
                        help="tokens of one sequence (prompt and output)")
     memory = cap.add_argument_group("memory of one replica")
-    memory.add_argument("--gpu-memory-gb", metavar="GB", type=positive, help="memory of one GPU, GB")
+    memory.add_argument("--gpu-memory-gb", "--gpu-memory-gib", dest="gpu_memory_gb", metavar="GiB", type=positive,
+                        help="memory of one GPU, GiB (an 80 GB GPU: 80)")
     memory.add_argument("--gpus", metavar="N", type=positive_int, default=1, help="GPUs per replica (default 1)")
-    memory.add_argument("--weights-gb", metavar="GB", type=non_negative,
-                        help="the weights' size, GB (default: the model directory's weight files)")
-    memory.add_argument("--kv-budget-gb", metavar="GB", type=positive, help="the KV cache budget outright, GB")
+    memory.add_argument("--weights-gb", "--weights-gib", dest="weights_gb", metavar="GiB", type=non_negative,
+                        help="the weights' size, GiB (default: the model directory's weight files)")
+    memory.add_argument("--kv-budget-gb", "--kv-budget-gib", dest="kv_budget_gb", metavar="GiB", type=positive,
+                        help="the KV cache budget outright, GiB (the engine's LEDGERLM_KV_CACHE_GB)")
     load = cap.add_argument_group("load and throughput")
     load.add_argument("--peak-rps", metavar="RPS", type=positive, help="peak requests per second")
     load.add_argument("--output-tokens", metavar="TOKENS", type=positive, help="output tokens per request")
@@ -291,6 +308,9 @@ def register(verbs) -> dict:
                       help="measured output tokens/s of one replica at the SLO (goodput)")
     load.add_argument("--from-loadtest", type=Path, metavar="FILE",
                       help="a `ledgerlm loadtest` result: its best goodput at the SLO, per replica")
+    load.add_argument("--allow-unsaturated", action="store_true",
+                      help="plan from a load test that never saturated the service (its best step its last, no "
+                           "SLO broken), with a warning: the plan then overstates the replicas")
     load.add_argument("--ceiling", metavar="SHARE", type=_share, default=0.7,
                       help="plan each replica at this share of its goodput (default 0.7)")
     load.add_argument("--failures", metavar="N", type=non_negative_int, default=1,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 
 from models.capacity_inputs import model_shape_from_config
-from models.capacity_plan import GB, kv_plan
+from models.capacity_plan import kv_plan
 from models.events_fleet import WorkerHeartbeat
 from models.settings import Settings
 from tests.engine_fixture import ENGINE_START_TIMEOUT_S, engine_processes
@@ -47,7 +47,7 @@ def assert_plan_matches_allocation(engine: VllmEngine) -> None:
     assert allocated == cache.num_gpu_blocks * block > 0
     config = json.loads((Path(engine.config.model) / "config.json").read_text())
     shape = model_shape_from_config(config, dtype=engine.config.dtype)  # the KV cache is in the engine's dtype
-    plan = kv_plan(shape, context_tokens=engine.max_model_len(), kv_budget_gb=budget / GB)
+    plan = kv_plan(shape, context_tokens=engine.max_model_len(), kv_budget_gb=budget / GiB)
     # vLLM hands out whole blocks: the plan's tokens, rounded down to one.
     assert 0 <= plan.kv_tokens - allocated < block, (plan.kv_tokens, allocated, block)
     assert engine_capacity_of(engine, running=4).kv_cache_tokens == allocated

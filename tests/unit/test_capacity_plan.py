@@ -1,6 +1,7 @@
 """The capacity plan's arithmetic reproduces the seed's worked example figure by figure
-(70B model, two 80 GB GPUs, 100 requests/s × 300 tokens at 2,500 tokens/s per replica),
-and its inputs are read from a model config and a load test result as documented."""
+(70B model, two 80 GiB GPUs, 100 requests/s × 300 tokens at 2,500 tokens/s per replica),
+in GiB as the engine counts its KV cache, and its inputs are read from a model config and
+a load test result as documented, a test that never saturated the service marked so."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import math
 import pytest
 
 from models.capacity_inputs import measured_goodput, model_shape_from_config
-from models.capacity_plan import GB, ModelShape, PlanError, kv_plan, replica_plan
+from models.capacity_plan import GiB, ModelShape, PlanError, kv_plan, replica_plan
 
 LLAMA_70B = ModelShape(layers=80, kv_heads=8, head_dim=128, dtype="float16")
 
@@ -28,19 +29,28 @@ def test_the_seeds_kv_cache_figures():
     assert kv.dtype_bytes == 2
     assert kv.bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680  # "about 320 KB": 320 KiB
     assert kv.bytes_per_token / 1024 == 320
-    assert kv.bytes_per_sequence == 1_310_720_000  # "about 1.3 GB" for 4,000 tokens
-    assert round(kv.bytes_per_sequence / GB, 1) == 1.3
-    assert kv.kv_budget_bytes == 2 * 80 * GB - 140 * GB == 20 * GB
-    assert kv.sequences_exact == pytest.approx(15.2588, abs=1e-4)
-    assert kv.concurrent_sequences == 15  # "about 15 concurrent 4K sequences" (16 if GB were GiB)
-    assert kv.kv_tokens == 20 * GB // 327_680 == 61_035
+    assert kv.bytes_per_sequence == 1_310_720_000  # "about 1.3 GB" for 4,000 tokens: 1.22 GiB
+    assert round(kv.bytes_per_sequence / GiB, 2) == 1.22
+    assert kv.kv_budget_bytes == 2 * 80 * GiB - 140 * GiB == 20 * GiB == 21_474_836_480
+    assert kv.sequences_exact == pytest.approx(16.384, abs=1e-4)
+    assert kv.concurrent_sequences == 16  # 15 if the budget were counted in 10^9 bytes
+    assert kv.kv_tokens == 20 * GiB // 327_680 == 65_536
+
+
+def test_a_budget_in_gib_is_the_engines_budget():
+    # The engine sizes its KV cache as LEDGERLM_KV_CACHE_GB × 2^30 bytes (workers/vllm_engine.py);
+    # the plan given the same figure counts the same bytes.
+    engine_gib = 1 << 30
+    assert GiB == engine_gib
+    kv = kv_plan(LLAMA_70B, context_tokens=4000, kv_budget_gb=0.25)
+    assert kv.kv_budget_bytes == int(0.25 * engine_gib) == 268_435_456
 
 
 def test_a_given_kv_budget_replaces_memory_less_weights():
     kv = kv_plan(LLAMA_70B, context_tokens=4000, kv_budget_gb=20)
-    assert (kv.kv_budget_bytes, kv.concurrent_sequences, kv.gpus, kv.weights_bytes) == (20 * GB, 15, None, None)
+    assert (kv.kv_budget_bytes, kv.concurrent_sequences, kv.gpus, kv.weights_bytes) == (20 * GiB, 16, None, None)
     fp8 = kv_plan(ModelShape(80, 8, 128, "fp8"), context_tokens=4000, kv_budget_gb=20)
-    assert (fp8.bytes_per_token, fp8.concurrent_sequences) == (163_840, 30)
+    assert (fp8.bytes_per_token, fp8.concurrent_sequences) == (163_840, 32)
 
 
 def test_the_seeds_replica_figures():
@@ -154,8 +164,44 @@ def result(*steps: dict, replicas: int = 2) -> dict:
 def test_the_per_replica_figure_is_the_best_goodput_at_the_slo_per_replica():
     measured = measured_goodput(result(step(3000, True, 4), step(5000, True, 8), step(6000, False, 16)))
     assert (measured.goodput_output_tokens_per_s, measured.per_replica_tokens_per_s) == (5000, 2500)
-    assert (measured.step_index, measured.step_rate, measured.steps, measured.steps_meeting_slo) == (1, 8, 3, 2)
+    assert (measured.step, measured.step_rate, measured.steps, measured.steps_meeting_slo) == (2, 8, 3, 2)
     assert measured.slo == {"ttft_p95_ms": 500.0, "tpot_p95_ms": 50.0}
+    assert measured.unsaturated is None  # step 3 broke the SLO: the sweep reached saturation
+
+
+def numbered(*steps: dict) -> list[dict]:
+    return [{**s, "step": n} for n, s in enumerate(steps, start=1)]
+
+
+def test_the_best_step_is_numbered_from_1_as_the_load_test_numbers_it():
+    doc = result(*numbered(step(3000, True, 4), step(5000, True, 8), step(4000, False, 16)))
+    assert measured_goodput(doc).step == 2
+    # Steps count from 1 in the file; older files, without the numbers, count by place.
+    doc["steps"] = [{**s, "step": n} for n, s in zip((4, 5, 6), doc["steps"])]
+    assert measured_goodput(doc).step == 5
+
+
+def test_a_test_whose_best_step_is_its_last_with_no_slo_broken_never_saturated():
+    doc = result(*numbered(step(3000, True, 4), step(5000, True, 8)))
+    doc["knee_reason"] = "sweep ended"
+    measured = measured_goodput(doc)
+    assert measured.unsaturated is not None and measured.goodput_output_tokens_per_s == 5000
+    assert "did not reach saturation" in measured.unsaturated
+    assert "step 2 of 2, rate 8 requests/s" in measured.unsaturated and "overstate" in measured.unsaturated
+    one_rate = result(step(3000, True, 4))  # a single fixed-rate run that met the SLO: the same
+    assert measured_goodput(one_rate).unsaturated is not None
+
+
+@pytest.mark.parametrize("steps, knee_reason", [
+    ((step(3000, True, 4), step(5000, True, 8), step(4000, False, 16)), "slo broken at step 3"),
+    ((step(3000, True, 4), step(5000, False, 8), step(6000, True, 16)), None),  # a broken step, whatever the file says
+    ((step(3000, True, 4), step(3050, True, 8)), "throughput stopped rising at step 2"),
+    ((step(3000, True, 4), step(5000, True, 8), step(4500, True, 16)), "sweep ended"),  # best is not the last
+])
+def test_a_test_that_reached_saturation_is_not_marked(steps, knee_reason):
+    doc = result(*numbered(*steps))
+    doc["knee_reason"] = knee_reason
+    assert measured_goodput(doc).unsaturated is None
 
 
 @pytest.mark.parametrize("doc, words", [
