@@ -13,7 +13,9 @@ import pytest
 
 from models.batch_budget import BatchLimits
 from models.events import decode
-from models.events_batch import BatchChunkCompleted, BatchChunkQueued, BatchChunkStarted, BatchUsageSettled
+from models.events_batch import (
+    BatchChunkCompleted, BatchChunkQueued, BatchChunkStarted, BatchEngineStarted, BatchEngineStarting, BatchUsageSettled,
+)
 from models.registry import Principal
 from pipelines.admin.commands import RegistryView, approve_model, create_tenant
 from pipelines.batch.dispatcher import BatchDispatcher
@@ -218,3 +220,27 @@ def test_a_chunk_that_failed_for_good_reports_its_requests_failed(rig):
     assert [e["error"]["code"] for e in rig.lines_of(batch.error_file_id)] == ["chunk_failed"] * 2
     settled = of(rig.events(batch_id), BatchUsageSettled)
     assert {p.chunk_index: p.input_tokens + p.output_tokens == 0 for p in settled}[broken.chunk_index]
+
+
+def test_the_batch_says_starting_the_engine_while_its_worker_makes_one_and_not_after(rig):
+    seen = []
+
+    def make_engine(config):
+        # What a client polling the API reads while the worker is loading the model.
+        seen.append(rig.batches.batch(TENANT, batch_id).status_detail)
+        return FakeEngine()
+
+    rig.slot = EngineSlot({}, factory=make_engine)
+    batch_id = rig.submit([line(i) for i in range(6)])
+    dispatcher = rig.dispatcher()
+    running = rig.drive(dispatcher, batch_id, run_tasks=False, until=lambda b: len(b.in_flight()) == 2)
+    assert running.status_detail is None, "queued chunks start no engine of themselves"
+    batch = rig.drive(dispatcher, batch_id)
+    assert batch.status == "completed" and seen == ["starting the batch engine"]
+    assert batch.status_detail is None
+    events = rig.events(batch_id)
+    starts = [(type(e.payload).__name__, e.payload.chunk_index) for e in events
+              if isinstance(e.payload, (BatchEngineStarting, BatchEngineStarted))]
+    assert starts == [("BatchEngineStarting", 0), ("BatchEngineStarted", 0)], "the warm engine served the rest"
+    first_run = next(i for i, e in enumerate(events) if isinstance(e.payload, BatchChunkCompleted))
+    assert first_run > next(i for i, e in enumerate(events) if isinstance(e.payload, BatchEngineStarted))
