@@ -45,17 +45,18 @@ async def _run(workload: Workload, target: str, *, timeout_s: float, show_progre
     steps: list[dict] = []
     bar = _progress(show_progress)
     try:
-        for i, (kind, rate, concurrency) in enumerate(steps_of(workload.mode)):
-            bar.set_description(f"step {i} {kind} {rate if kind == 'rate' else concurrency}")
+        for number, (kind, rate, concurrency) in enumerate(steps_of(workload.mode), start=1):
+            bar.set_description(f"step {number} {kind} {rate if kind == 'rate' else concurrency}")
             if kind == "rate":
                 run = await driver.run_rate(workload, target, rate, workload.mode.duration_s, rng, requests,
                                             timeout_s=timeout_s, progress=bar)
             else:
                 run = await driver.run_concurrency(workload, target, concurrency, workload.mode.duration_s,
                                                    requests, timeout_s=timeout_s, progress=bar)
-            steps.append(report.step_result(run, workload.slo, mode=kind, rate=rate, concurrency=concurrency))
+            steps.append(report.step_result(run, workload.slo, number=number, mode=kind, rate=rate,
+                                            concurrency=concurrency))
             if on_step is not None:
-                on_step(i, steps[-1])
+                on_step(number, steps[-1])
             # A sweep stops at its knee: past it every step only queues more.
             if sweep and report.find_knee(steps, workload.mode.min_gain)[1] != "sweep ended":
                 break
@@ -67,7 +68,8 @@ async def _run(workload: Workload, target: str, *, timeout_s: float, show_progre
 def run(workload: Workload, target: str, *, target_name: str | None = None, replicas: int = 1,
         timeout_s: float = 300.0, show_progress: bool = True, on_step=None) -> dict:
     """Runs the workload's mode against `target` (a base URL) and returns the result
-    (`report` module: the JSON contract)."""
+    (`report` module: the JSON contract). Steps count from 1: each step's `step`, the
+    `knee` and `on_step(number, step)`."""
     steps = asyncio.run(_run(workload, target, timeout_s=timeout_s, show_progress=show_progress, on_step=on_step))
     knee, why = (None, "not a sweep")
     fit = None

@@ -67,8 +67,10 @@ def meets(fig: dict, slo: Slo) -> bool:
             and unserved <= slo.max_unserved_share)
 
 
-def step_result(run: StepRun, slo: Slo, *, mode: str, rate: float | None, concurrency: int | None) -> dict:
-    out = {"mode": mode, "rate": rate, "concurrency": concurrency, "duration_s": round(run.duration_s, 3),
+def step_result(run: StepRun, slo: Slo, *, number: int, mode: str, rate: float | None,
+                concurrency: int | None) -> dict:
+    """One step's figures; `number` counts the steps of a run from 1."""
+    out = {"step": number, "mode": mode, "rate": rate, "concurrency": concurrency, "duration_s": round(run.duration_s, 3),
            **figures(run.timed, run.duration_s, slo)}
     out["meets_slo"] = meets(out, slo)
     out["offered_rate"] = round(run.sent / run.send_window_s, 4) if run.send_window_s else None
@@ -85,15 +87,25 @@ def step_result(run: StepRun, slo: Slo, *, mode: str, rate: float | None, concur
 def find_knee(steps: list[dict], min_gain: float) -> tuple[int | None, str]:
     """The knee of a sweep: the last step that met the SLO before one that broke it or
     whose output throughput rose less than `min_gain` over the best before it.
-    Returns (index or None, why the sweep ended there)."""
+    Returns (its step number, counting from 1, or None; why the sweep ended there)."""
     best, knee = 0.0, None
-    for i, step in enumerate(steps):
+    for number, step in enumerate(steps, start=1):
         if not step["meets_slo"]:
-            return knee, f"slo broken at step {i}"
-        if i and step["output_tokens_per_s"] < best * (1 + min_gain):
-            return knee, f"throughput stopped rising at step {i}"
-        best, knee = max(best, step["output_tokens_per_s"]), i
+            return knee, f"slo broken at step {number}"
+        if number > 1 and step["output_tokens_per_s"] < best * (1 + min_gain):
+            return knee, f"throughput stopped rising at step {number}"
+        best, knee = max(best, step["output_tokens_per_s"]), number
     return knee, "sweep ended"
+
+
+def knee_step(result: dict) -> dict | None:
+    """The knee's step of a result. Steps are numbered from 1 (each carries its `step`);
+    a result written before they carried it counted its knee from 0."""
+    knee, steps = result.get("knee"), result.get("steps") or []
+    if knee is None:
+        return None
+    index = knee - 1 if steps and "step" in steps[0] else knee
+    return steps[index] if 0 <= index < len(steps) else None
 
 
 def knee_fit(steps: list[dict]) -> dict | None:
@@ -119,8 +131,8 @@ CSV_FIELDS = ("step", "tenant", "mode", "rate", "concurrency", "duration_s", "re
               "rejections", "failures", "client_cpu_ms_per_request")
 
 
-def _row(i: int, tenant: str, step: dict, fig: dict) -> dict:
-    row = {"step": i, "tenant": tenant, "mode": step["mode"], "rate": step["rate"],
+def _row(number: int, tenant: str, step: dict, fig: dict) -> dict:
+    row = {"step": number, "tenant": tenant, "mode": step["mode"], "rate": step["rate"],
            "concurrency": step["concurrency"], "duration_s": step["duration_s"],
            "client_cpu_ms_per_request": step["client_cpu_ms_per_request"] if tenant == "*" else ""}
     for key in ("requests", "served", "requests_per_s", "output_tokens_per_s", "goodput_requests_per_s",
@@ -141,10 +153,10 @@ def write(result: dict, out_dir: Path, stem: str = "loadtest") -> dict[str, Path
     with paths["csv"].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
-        for i, step in enumerate(result["steps"]):
-            writer.writerow(_row(i, "*", step, step))
+        for number, step in enumerate(result["steps"], start=1):
+            writer.writerow(_row(number, "*", step, step))
             for tenant, fig in step["per_tenant"].items():
-                writer.writerow(_row(i, tenant, step, fig))
+                writer.writerow(_row(number, tenant, step, fig))
     return paths
 
 
@@ -163,10 +175,10 @@ def plot(results: list[dict], path: Path) -> Path:
             if not pts:
                 continue
             line, = ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=result["target"])
-            knee = result.get("knee")
-            if knee is not None and result["steps"][knee][metric]["p95"]:
-                ax.plot(result["steps"][knee]["output_tokens_per_s"], result["steps"][knee][metric]["p95"],
-                        marker="*", markersize=14, color=line.get_color())
+            knee = knee_step(result)
+            if knee is not None and knee[metric]["p95"]:
+                ax.plot(knee["output_tokens_per_s"], knee[metric]["p95"], marker="*", markersize=14,
+                        color=line.get_color())
         limit = (results[0]["slo"] or {}).get(f"{metric.split('_')[0]}_p95_ms") if results else None
         if limit:
             ax.axhline(limit, linestyle="--", color="grey", linewidth=1, label="SLO")

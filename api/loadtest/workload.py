@@ -29,6 +29,7 @@ class Tenant:
     name: str
     api_key: str | None
     share: float
+    key_env: str | None = None  # the variable the key was to come from, when the file names one
 
 
 @dataclass
@@ -194,26 +195,33 @@ class Workload:
             index += 1
 
 
-def _tenant(spec: dict) -> Tenant:
-    key = spec.get("api_key")
-    if key is None and spec.get("api_key_env"):
-        key = os.environ.get(spec["api_key_env"])
-        if key is None:
-            raise WorkloadError(f"tenant {spec.get('name')!r}: ${spec['api_key_env']} is not set")
-    return Tenant(name=str(spec["name"]), api_key=key, share=float(spec.get("share", 1.0)))
+def _tenant(spec: dict, allow_missing_keys: bool) -> Tenant:
+    key, env = spec.get("api_key"), spec.get("api_key_env")
+    if key is None and env:
+        key = os.environ.get(env)
+        if key is None and not allow_missing_keys:
+            raise WorkloadError(f"tenant {spec.get('name')!r}: ${env} is not set")
+    return Tenant(name=str(spec["name"]), api_key=key, share=float(spec.get("share", 1.0)), key_env=env or None)
 
 
-def parse(data: dict, base: Path = Path(".")) -> Workload:
+def missing_keys(workload: Workload) -> list[Tenant]:
+    """The tenants whose key was to come from a variable that is not set."""
+    return [t for t in workload.tenants if t.api_key is None and t.key_env]
+
+
+def parse(data: dict, base: Path = Path("."), *, allow_missing_keys: bool = False) -> Workload:
+    """With `allow_missing_keys`, a tenant whose `api_key_env` is not set is kept without a
+    key (`missing_keys` lists them) for the caller to provide one."""
     try:
-        return _parse(data, base)
+        return _parse(data, base, allow_missing_keys)
     except WorkloadError:
         raise
     except (TypeError, KeyError, ValueError) as exc:  # an unknown or missing key, a value of the wrong kind
         raise WorkloadError(f"workload: {exc!r}") from None
 
 
-def _parse(data: dict, base: Path) -> Workload:
-    tenants = [_tenant(t) for t in data.get("tenants") or [{"name": "default"}]]
+def _parse(data: dict, base: Path, allow_missing_keys: bool) -> Workload:
+    tenants = [_tenant(t, allow_missing_keys) for t in data.get("tenants") or [{"name": "default"}]]
     if len({t.name for t in tenants}) != len(tenants) or any(t.share <= 0 for t in tenants):
         raise WorkloadError("tenants need distinct names and positive shares")
     arrival = dict(data.get("arrival") or {})
@@ -234,10 +242,15 @@ def _parse(data: dict, base: Path) -> Workload:
         extra_body=dict(data.get("extra_body") or {"ignore_eos": True}), seed=int(data.get("seed", 0)))
 
 
-def load(path: Path) -> Workload:
+def load(path: Path, *, allow_missing_keys: bool = False) -> Workload:
     import yaml  # YAML is a superset of JSON, so one reader does both
 
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise WorkloadError(f"cannot read the workload {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path} is not YAML or JSON: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}: a workload is a mapping")
-    return parse(data, Path(path).parent)
+    return parse(data, Path(path).parent, allow_missing_keys=allow_missing_keys)

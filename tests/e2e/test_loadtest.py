@@ -5,8 +5,11 @@ apart from failures, and the knee of a server that saturates at a known concurre
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -77,7 +80,7 @@ def test_a_fixed_rate_run_reports_the_rate_ttft_tokens_and_rejections(tmp_path):
     # A quarter of the requests refused: the step does not meet the SLO however fast the rest were.
     assert s["meets_slo"] is False and steady["meets_slo"] is True
     csv_rows = (tmp_path / "out" / "fake.csv").read_text().splitlines()
-    assert len(csv_rows) == 1 + 3 and csv_rows[1].startswith("0,*,rate")
+    assert len(csv_rows) == 1 + 3 and csv_rows[1].startswith("1,*,rate")
     assert (tmp_path / "out" / "fake-frontier.png").stat().st_size > 10_000
 
 
@@ -111,8 +114,8 @@ def test_a_concurrency_sweep_finds_the_knee_where_the_server_saturates(tmp_path)
         result = loadtest(spec, url, tmp_path)
     steps = result["steps"]
     assert len(steps) == 3, "the sweep goes one step past the knee and stops"
-    assert result["knee"] == 1 and steps[1]["concurrency"] == 2
-    assert result["knee_reason"] == "throughput stopped rising at step 2"
+    assert result["knee"] == 2 and steps[1]["concurrency"] == 2 and steps[1]["step"] == 2  # counted from 1
+    assert result["knee_reason"] == "throughput stopped rising at step 3"
     assert steps[1]["requests_per_s"] == pytest.approx(5, rel=0.15)
     # One at a time: 2.5 a second at most; a loaded host's round trips only take from it.
     assert 2.5 * 0.6 <= steps[0]["requests_per_s"] <= 2.5 * 1.1
@@ -131,7 +134,7 @@ def test_a_rate_sweep_stops_where_the_slo_breaks(tmp_path):
     steps = result["steps"]
     assert [s["rate"] for s in steps] == [2.0, 4.0, 16.0]
     assert [s["meets_slo"] for s in steps] == [True, True, False]
-    assert result["knee"] == 1 and result["knee_reason"] == "slo broken at step 2"
+    assert result["knee"] == 2 and result["knee_reason"] == "slo broken at step 3"
     assert steps[2]["ttft_ms"]["p95"] > 400
     assert steps[2]["goodput_requests_per_s"] < steps[2]["requests_per_s"]
 
@@ -154,3 +157,59 @@ def test_against_the_platform_a_tenant_over_its_rate_is_rejected_by_reason(platf
     assert opened["served"] == opened["requests"] and opened["output_tokens_mean"] == 8
     assert 0 < opened["ttft_ms"]["p50"] < opened["e2e_ms"]["p50"]
     assert opened["revisions"] == {platform.model_revision: opened["served"]}  # what ran them, from the stream
+
+
+SHIPPED_WORKLOAD = Path(__file__).resolve().parents[1] / "perf" / "loadtest_workload.yaml"
+
+
+def test_a_20_s_sweep_makes_its_own_tenants_on_the_platform_and_the_plan_reads_it(platforms, tmp_path):
+    """The README's short run: the shipped workload with no keys set, the admin token only,
+    four steps of 5 s; then again, reusing the tenants with fresh keys."""
+    platform = platforms("embedded")
+    token = f"admin-{uuid.uuid4().hex}"
+    prefix = f"lt{uuid.uuid4().hex[:6]}-"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOADTEST_KEY_")}
+    env["LEDGERLM_BOOTSTRAP_TOKEN"] = token
+    out = tmp_path / "out"
+
+    def loadtest_cli(url: str, *options: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "api.cli", "loadtest", str(SHIPPED_WORKLOAD), "--target", url,
+                               "--model", MODEL_ALIAS, "--tenant-prefix", prefix, "--out", str(out), "--no-progress",
+                               *options], env=env, capture_output=True, text=True, timeout=240)
+
+    with platform.api_replica(bootstrap_token=token) as url:
+        started = time.monotonic()
+        done = loadtest_cli(url, "--steps", "4", "--duration", "5", "--name", "short")
+        took = time.monotonic() - started
+        again = loadtest_cli(url, "--steps", "1", "--duration", "1", "--name", "again")
+    platform.check()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 steps of 5 s each (2, 4, 8, 16 requests/s)" in done.stdout
+    assert f"tenants {prefix}interactive (made), {prefix}background (made), each with a fresh key" in done.stdout
+    assert took < 90, f"the short run took {took:.0f} s"
+    result = json.loads((out / "short.json").read_text())
+    steps = result["steps"]
+    assert 1 <= len(steps) <= 4 and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+    first = steps[0]
+    assert first["failures"] == 0 and first["rejections"] == {}, first  # the made keys were good
+    assert {"interactive", "background"} <= set(first["per_tenant"])
+    assert all(t["served"] > 0 for t in first["per_tenant"].values())
+    # Made once: the second run reuses both tenants, with keys of their own that work.
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"{prefix}interactive (reused), {prefix}background (reused)" in again.stdout
+    assert json.loads((out / "again.json").read_text())["steps"][0]["failures"] == 0
+
+    plan = subprocess.run([sys.executable, "-m", "api.cli", "capacity", "plan", "--peak-rps", "10",
+                           "--output-tokens", "32", "--from-loadtest", str(out / "short.json"), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    met = [s for s in steps if s["meets_slo"] and s["goodput_output_tokens_per_s"] > 0]
+    if not met:
+        assert plan.returncode == 2 and "no step of the load test met its SLO" in plan.stderr
+        return
+    best = max(met, key=lambda s: s["goodput_output_tokens_per_s"])
+    never_saturated = best is steps[-1] and result["knee_reason"] == "sweep ended"
+    if never_saturated:
+        assert plan.returncode == 2 and "did not reach saturation" in plan.stderr, plan.stderr
+    else:
+        assert plan.returncode == 0, plan.stderr
+        assert json.loads(plan.stdout)["per_replica_source"]["step"] == best["step"]

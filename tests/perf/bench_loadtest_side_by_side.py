@@ -157,7 +157,9 @@ def run_target(name: str, server, workload_path: Path, args, out: Path) -> dict:
 
 
 def at_knee(result: dict) -> dict | None:
-    return result["steps"][result["knee"]] if result["knee"] is not None else None
+    from api.loadtest import report
+
+    return report.knee_step(result)
 
 
 def table(results: dict[str, dict]) -> str:

@@ -144,11 +144,21 @@ def step(tokens_per_s: float, meets_slo: bool = True) -> dict:
 
 
 def test_the_knee_is_the_last_step_before_the_slo_breaks_or_throughput_stops_rising():
-    assert report.find_knee([step(100), step(200), step(250, False)], 0.05) == (1, "slo broken at step 2")
+    # Steps count from 1, as the table, the CSV and `ledgerlm capacity plan` count them.
+    assert report.find_knee([step(100), step(200), step(250, False)], 0.05) == (2, "slo broken at step 3")
     assert report.find_knee([step(100), step(200), step(205), step(300)], 0.05) == \
-        (1, "throughput stopped rising at step 2")
-    assert report.find_knee([step(100), step(200)], 0.05) == (1, "sweep ended")
-    assert report.find_knee([step(100, False)], 0.05) == (None, "slo broken at step 0")
+        (2, "throughput stopped rising at step 3")
+    assert report.find_knee([step(100), step(200)], 0.05) == (2, "sweep ended")
+    assert report.find_knee([step(100, False)], 0.05) == (None, "slo broken at step 1")
+
+
+def test_the_knee_step_of_a_result_numbered_from_1_and_of_an_older_one_from_0():
+    steps = [{"step": n, "rate": float(n)} for n in (1, 2, 3)]
+    assert report.knee_step({"knee": 2, "steps": steps})["rate"] == 2.0
+    assert report.knee_step({"knee": None, "steps": steps}) is None
+    older = [{"rate": float(n)} for n in (1, 2, 3)]  # written before steps carried their number
+    assert report.knee_step({"knee": 2, "steps": older})["rate"] == 3.0
+    assert report.knee_step({"knee": 7, "steps": steps}) is None
 
 
 def test_the_cli_registers_loadtest():
