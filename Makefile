@@ -36,6 +36,7 @@ lint: install
 install:
 	bash infra/install_python.sh
 	bash infra/install_browser.sh
+	bash infra/install_helm.sh
 
 services-up:
 	bash infra/services.sh up
