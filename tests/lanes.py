@@ -57,7 +57,7 @@ LEDGER_WORDS = ("projection", "projected", "audit", "migrations", "usage_daily",
 BATCH_FIXTURES = frozenset({"batch_platform"})
 BATCH_WORDS = ("test_batch",)
 FAULT_WORDS = ("outage", "crash", "sigkill", "lost", "restart", "failover", "kafka_cluster", "engine_health",
-               "process", "demo", "prometheus", "_cli", "test_services")
+               "process", "demo", "readme", "prometheus", "_cli", "test_services")
 
 
 def service_marks(fixtures: Iterable[str], params: Mapping[str, object]) -> set[str]:

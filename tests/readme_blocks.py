@@ -10,9 +10,10 @@ one that stands above no fence, is an error, so a skip always says why.
 `run_blocks` runs the blocks in one bash process under `set -eo pipefail`: shell blocks
 verbatim, python blocks as `python - <<'READMEPY'` heredocs, each followed by the line
 `README-BLOCK n OK`. The run leads a process session of its own, carries a marker in its
-environment, and is bounded as a whole and per block; on leaving, bash stops its
-background jobs as the README says (`kill $(jobs -p)`), then the session is killed and
-any process still carrying the marker is reported as a survivor.
+environment, and is bounded as a whole and per block. On leaving, bash stops its
+background jobs as the README says (`kill $(jobs -p)`) and waits for them; a process still
+carrying the marker then is reported as lingering. The session is killed after that, and a
+process carrying the marker even then (it left the session) as a survivor, and killed.
 """
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ def script(blocks: list[Block]) -> str:
     parts = ["set -eo pipefail",
              # On leaving, however it leaves: say where the platform home was, stop the
              # background jobs as the README says, and wait for them.
-             "trap 'readme_status=$?; set +e; echo; echo \"README-HOME ${LEDGERLM_HOME:-}\"; "
+             "trap 'readme_status=$?; trap - EXIT; set +e; echo; echo \"README-HOME ${LEDGERLM_HOME:-}\"; "
              "readme_jobs=$(jobs -p); [ -z \"$readme_jobs\" ] || kill $readme_jobs 2>/dev/null; wait; "
              "exit $readme_status' EXIT"]
     for block in blocks:
@@ -180,11 +181,12 @@ class RunResult:
     failed: Block | None  # the block that failed or overran; None when all passed
     timed_out: str | None  # which bound was passed, if one was
     home: str | None  # LEDGERLM_HOME as the shell had it when it left
-    survivors: list[str]  # processes of the run still alive after it was stopped
+    lingering: list[str]  # processes of the run alive after the shell stopped its jobs and left
+    survivors: list[str]  # processes of the run still alive after its session was killed
 
 
 def run_blocks(blocks: list[Block], *, cwd: Path, env: dict[str, str], timeout_s: float,
-               block_timeout_s: float, stop_s: float = 60.0) -> RunResult:
+               block_timeout_s: float, stop_s: float = 60.0, kill_grace_s: float = 20.0) -> RunResult:
     """Runs the blocks in one bash session in `cwd`; see the module's docstring."""
     marker = uuid.uuid4().hex
     to_run = [b for b in blocks if b.skip is None]
@@ -196,7 +198,12 @@ def run_blocks(blocks: list[Block], *, cwd: Path, env: dict[str, str], timeout_s
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             timed_out = _watch(proc, out, len(to_run), timeout_s, block_timeout_s)
-            _stop(proc, stop_s if timed_out is None else 0.0)
+            try:  # the shell's trap stops its jobs as the README says
+                proc.wait(timeout=0.0 if timed_out else stop_s)
+            except subprocess.TimeoutExpired:
+                pass
+            lingering = [] if timed_out else _marked(marker, but=proc.pid)
+            _end_session(proc, kill_grace_s)
         output = out.read_text(errors="replace")
     passed = [int(n) for n in OK_LINE.findall(output)]
     failed = None
@@ -205,7 +212,7 @@ def run_blocks(blocks: list[Block], *, cwd: Path, env: dict[str, str], timeout_s
     home = HOME_LINE.findall(output)
     return RunResult(returncode=None if timed_out else proc.returncode, output=output, passed=passed,
                      failed=failed, timed_out=timed_out, home=home[-1] if home else None,
-                     survivors=_kill_survivors(marker))
+                     lingering=lingering, survivors=_marked(marker, kill=True))
 
 
 def _watch(proc: subprocess.Popen, out: Path, blocks: int, timeout_s: float, block_timeout_s: float) -> str | None:
@@ -226,40 +233,51 @@ def _watch(proc: subprocess.Popen, out: Path, blocks: int, timeout_s: float, blo
     return None
 
 
-def _stop(proc: subprocess.Popen, stop_s: float) -> None:
-    """Lets the shell's trap stop its jobs for up to `stop_s`, then ends the session: TERM,
-    then KILL after a grace."""
-    try:
-        proc.wait(timeout=stop_s)
-    except subprocess.TimeoutExpired:
-        pass
-    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+def _end_session(proc: subprocess.Popen, grace_s: float) -> None:
+    """Ends whatever is left of the run's session: TERM, and KILL to what outlives a grace."""
+    for sig, grace in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
+            break
+        deadline = time.monotonic() + grace
+        while _in_session(proc) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    proc.wait(timeout=5.0)
 
 
-def _kill_survivors(marker: str) -> list[str]:
-    """The processes still carrying the run's marker (outside its session too), each killed."""
-    left = []
+def _in_session(proc: subprocess.Popen) -> bool:
+    """Whether any process of the run's session is alive (the shell reaped as it ends)."""
+    proc.poll()
     for process in psutil.process_iter():
         try:
-            if process.environ().get(MARKER_VAR) == marker and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{process.pid}: {' '.join(process.cmdline())}")
-                process.kill()
+            if os.getpgid(process.pid) == proc.pid and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return False
+
+
+def _marked(marker: str, *, but: int | None = None, kill: bool = False) -> list[str]:
+    """The live processes carrying the run's marker (outside its session too), other than
+    `but`; with `kill`, each is killed."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != but and process.environ().get(MARKER_VAR) == marker \
+                    and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{process.pid}: {' '.join(process.cmdline())}")
+                if kill:
+                    process.kill()
         except psutil.Error:
             continue
-    return left
+    return found
 
 
-def failure_report(result: RunResult, *, log_lines: int = 25, output_lines: int = 80) -> str:
+def failure_report(result: RunResult, *, home: Path | None = None, log_lines: int = 25,
+                   output_lines: int = 80) -> str:
     """What a failed run shows: the failing block, the output's tail and the tail of each
-    log under the platform home's `logs/`."""
+    log under the platform home's `logs/` (the shell's, else `home`)."""
     parts = []
     if result.failed is not None:
         parts.append(f"README block {result.failed.number} (README line {result.failed.line}) failed"
@@ -268,8 +286,13 @@ def failure_report(result: RunResult, *, log_lines: int = 25, output_lines: int 
     else:
         parts.append(f"the run failed (exit status {result.returncode}, {result.timed_out or 'no bound passed'}) "
                      f"after blocks {result.passed}")
+    for what, processes in (("alive after the shell stopped its jobs", result.lingering),
+                            ("alive after its session was killed", result.survivors)):
+        if processes:
+            parts.append(f"processes {what}: " + "; ".join(processes))
     parts.append("--- output (tail) ---\n" + "\n".join(result.output.splitlines()[-output_lines:]))
-    logs = Path(result.home) / "logs" if result.home else None
+    home = Path(result.home) if result.home else home
+    logs = home / "logs" if home else None
     if logs is not None and logs.is_dir():
         for log in sorted(logs.iterdir()):
             tail = log.read_text(errors="replace").splitlines()[-log_lines:]

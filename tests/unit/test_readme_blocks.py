@@ -138,7 +138,7 @@ def test_background_jobs_are_stopped_and_none_survives(tmp_path):
                                     "sleep 300 > $LEDGERLM_HOME/logs/sleep.log 2>&1 &", "echo started"))
     assert result.returncode == 0, failure_report(result)
     assert result.home == f"{tmp_path}/home"
-    assert result.survivors == []
+    assert result.lingering == [] and result.survivors == []
 
 
 def test_a_block_past_its_bound_is_reported_and_its_processes_killed(tmp_path):
@@ -148,8 +148,18 @@ def test_a_block_past_its_bound_is_reported_and_its_processes_killed(tmp_path):
     assert result.survivors == []
 
 
+def test_a_job_that_ignores_the_readers_kill_is_reported_as_lingering_then_killed(tmp_path):
+    # The job says when it ignores TERM, so the shell's kill cannot come first.
+    result = _run(tmp_path, _readme("bash -c 'trap \"\" TERM; touch ignoring; sleep 302' &\n"
+                                    "until [ -e ignoring ]; do sleep 0.1; done"), stop_s=1.0, kill_grace_s=1.0)
+    assert any("sleep 302" in p for p in result.lingering), result.lingering
+    assert result.survivors == []
+
+
 def test_a_process_that_left_the_session_is_found_by_its_marker_and_killed(tmp_path):
     result = _run(tmp_path, _readme("setsid -f sleep 301 > /dev/null 2>&1"))
     assert result.returncode == 0, failure_report(result)
+    assert [s.split(": ", 1)[1] for s in result.lingering] == ["sleep 301"]
     assert [s.split(": ", 1)[1] for s in result.survivors] == ["sleep 301"]
+    assert "processes alive after its session was killed: " in failure_report(result)
     assert _run(tmp_path, _readme("true")).survivors == []  # the one found was killed
