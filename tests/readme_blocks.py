@@ -197,7 +197,7 @@ def run_blocks(blocks: list[Block], *, cwd: Path, env: dict[str, str], timeout_s
             proc = subprocess.Popen(["bash", str(path)], cwd=cwd, env={**env, MARKER_VAR: marker},
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            timed_out = _watch(proc, out, len(to_run), timeout_s, block_timeout_s)
+            timed_out = _watch(proc, out, [b.number for b in to_run], timeout_s, block_timeout_s)
             try:  # the shell's trap stops its jobs as the README says
                 proc.wait(timeout=0.0 if timed_out else stop_s)
             except subprocess.TimeoutExpired:
@@ -215,7 +215,8 @@ def run_blocks(blocks: list[Block], *, cwd: Path, env: dict[str, str], timeout_s
                      lingering=lingering, survivors=_marked(marker, kill=True))
 
 
-def _watch(proc: subprocess.Popen, out: Path, blocks: int, timeout_s: float, block_timeout_s: float) -> str | None:
+def _watch(proc: subprocess.Popen, out: Path, numbers: list[int], timeout_s: float,
+           block_timeout_s: float) -> str | None:
     """Waits for the shell to finish its blocks; returns which bound it passed, if any."""
     started = block_started = time.monotonic()
     done = 0
@@ -223,12 +224,12 @@ def _watch(proc: subprocess.Popen, out: Path, blocks: int, timeout_s: float, blo
         now_done = len(OK_LINE.findall(out.read_text(errors="replace")))
         if now_done != done:
             done, block_started = now_done, time.monotonic()
-        if done >= blocks:
+        if done >= len(numbers):
             return None  # the shell is leaving: its trap stops the background jobs
         if time.monotonic() - started > timeout_s:
             return f"the whole run passed its bound of {timeout_s:g} s"
         if time.monotonic() - block_started > block_timeout_s:
-            return f"block {done + 1} of those run passed its bound of {block_timeout_s:g} s"
+            return f"block {numbers[done]} passed its bound of {block_timeout_s:g} s"
         time.sleep(0.2)
     return None
 
