@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, create_model
 
+from models.engine_settings import EngineSettings
 from models.event_types import Payload, event
 from models.limits import LIMITS, LimitSpec, event_field
 
@@ -62,6 +63,9 @@ class ModelRevisionApproved(Payload):
     artifact_digests: dict[str, str] | None = Field(default=None, exclude_if=lambda v: v is None)
     artifact_signature: str | None = Field(default=None, exclude_if=lambda v: v is None)
     artifact_signer: str | None = Field(default=None, exclude_if=lambda v: v is None)  # the trusted key's id
+    # How the engine runs it (`models.engine_settings`); absent on revisions approved before
+    # there were any, which run as they always did: float32, eager, the worker's KV cache.
+    engine_settings: EngineSettings | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("ModelAliasSet")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from models.authz import OWN_LIMIT_FIELDS, tighten
+from models.engine_settings import EngineSettings
 from models.events import Envelope
 from models.events_admin import (
     ApiKeyExpirySet, ApiKeyIssued, ApiKeyRevoked, CacheInvalidated, CachePolicySet, EvalScoresRecorded, RouterCleared, RouterSet, ModelAliasDeleted, ModelAliasSet, ModelRevisionApproved,
@@ -65,6 +66,7 @@ class Revision:
     artifact_digests: dict[str, str] | None = None
     artifact_signature: str | None = None
     artifact_signer: str | None = None
+    engine_settings: EngineSettings | None = None  # None: approved before revisions had them
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class Registry:
             self.revisions[p.model_revision] = Revision(
                 p.model_revision, p.model_path, p.engine_config_hash, p.max_model_len,
                 p.price_input_per_1k_micros, p.price_output_per_1k_micros,
-                p.artifact_digests, p.artifact_signature, p.artifact_signer,
+                p.artifact_digests, p.artifact_signature, p.artifact_signer, p.engine_settings,
             )
         elif isinstance(p, ModelAliasSet):
             self.aliases[p.alias] = Alias(p.alias, p.model_revision, frozenset(p.allowed_tenants))

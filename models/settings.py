@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.engine_settings import EngineSettings
 from models.prompt_class import LONG_MIN_TOKENS, SHORT_MAX_TOKENS, check_thresholds
 
 DEFAULT_HOME = Path(".local/ledgerlm")
@@ -59,6 +60,8 @@ class Settings(BaseSettings):
     max_model_len: int = 512
     kv_cache_gb: float = 1.0
     engine_max_seqs: int = 16
+    # The served revision's engine settings, which a worker copies from it (None: the CPU's).
+    engine_settings: EngineSettings | None = None
     # What builds a pool worker's inference engine from settings, as "module:callable"; it
     # is imported only when an engine is made (tests name a fake one the same way).
     engine_factory: str = "workers.vllm_engine:VllmEngine.from_settings"

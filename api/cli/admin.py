@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from models.engine_settings import add_engine_flags, given_flags
 from models.limits import LIMIT_FIELDS, LIMITS, MAX_FAIR_SHARE_WEIGHT
 from models.prices import add_price_flags
 from models.quota import Limits
@@ -113,6 +114,7 @@ def _model_parser(what) -> None:
     approve.add_argument("--tenants", default="*", help="comma-separated tenants allowed, or * for all")
     approve.add_argument("--signature", help="a trusted key's signature over the directory's files "
                                              "(ledgerlm model sign DIR); the digests are read from --path")
+    add_engine_flags(approve)  # --config-hash must be the engine's hash with these settings
     alias = model.add_parser("alias", help="point an alias at an approved revision")
     alias.add_argument("alias")
     alias.add_argument("revision")
@@ -272,9 +274,12 @@ def _model_lines(view, args, actor: str, settings: Settings):
                             price_input_per_1k_micros=args.price_input_per_1k_micros,
                             price_output_per_1k_micros=args.price_output_per_1k_micros,
                             allowed_tenants=tuple(args.tenants.split(",")), artifact_digests=digests,
-                            artifact_signature=args.signature, **artifacts.approval_policy(settings))
+                            artifact_signature=args.signature, engine_settings=given_flags(args),
+                            **artifacts.approval_policy(settings))
         revision = view.refresh().revisions[args.revision]
-        yield {"alias": args.alias, "model_revision": args.revision, **artifacts.describe(revision)}
+        yield {"alias": args.alias, "model_revision": args.revision,
+               "engine_settings": revision.engine_settings and revision.engine_settings.model_dump(),
+               **artifacts.describe(revision)}
     elif args.action == "list":
         yield from admin.revisions_listed(view.refresh())
     elif args.action == "alias":

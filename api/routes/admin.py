@@ -18,6 +18,7 @@ from api.admin_access import Actor, OperatorDep, TenantAdminDep
 from api.deps import ServicesDep
 from api.errors import ApiError
 from models.authz import ungrantable_scopes
+from models.engine_settings import FIELDS as ENGINE_FIELDS
 from models.events_admin import Scope
 from models.limits import LIMITS, body_field
 from pipelines import artifacts
@@ -38,7 +39,7 @@ def run(command, **kwargs):
     except admin.AdminForbidden as exc:
         raise ApiError(403, str(exc), code="beyond_grant") from None
     except admin.AdminError as exc:
-        raise ApiError(400, str(exc), code="invalid_value") from None
+        raise ApiError(400, str(exc), code="invalid_value", param=exc.param) from None
 
 
 class TenantBody(BaseModel):
@@ -77,6 +78,14 @@ class ModelBody(BaseModel):
                            Annotated[str, Field(pattern="^[0-9a-f]{64}$")]] | None = Field(
         default=None, min_length=1, max_length=10_000)
     artifact_signature: str | None = Field(default=None, pattern="^[0-9a-f]{128}$")
+    # engine settings (`models.engine_settings`), checked at approval; unset: the device's defaults
+    dtype: str | None = None
+    quantization: str | None = None
+    tensor_parallel_size: int | None = None
+    enforce_eager: bool | None = None
+    kv_cache_gb: float | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int | None = None
 
 
 class AliasBody(BaseModel):
@@ -175,18 +184,20 @@ def set_limits(tenant_id: str, body: LimitsBody, actor: TenantAdminDep, svc: Ser
 
 @router.post("/models", status_code=201)
 def approve_model(body: ModelBody, actor: OperatorDep, svc: ServicesDep):
-    data = body.model_dump()
+    data = body.model_dump(exclude=set(ENGINE_FIELDS))
     run(admin.approve_model, view=svc.registry_view, actor=str(actor), **artifacts.approval_policy(svc.settings),
-        **{**data, "allowed_tenants": tuple(body.allowed_tenants)})
+        **{**data, "allowed_tenants": tuple(body.allowed_tenants)},
+        engine_settings=body.model_dump(include=set(ENGINE_FIELDS), exclude_none=True))
     revision = svc.registry_view.refresh().revisions[body.model_revision]
     return {"alias": body.alias, "model_revision": body.model_revision, "allowed_tenants": body.allowed_tenants,
+            "engine_settings": revision.engine_settings and revision.engine_settings.model_dump(),
             **artifacts.describe(revision)}
 
 
 @router.get("/models")
 def list_models(actor: OperatorDep, svc: ServicesDep):
     """Every approved revision, in the order approved: the aliases pointing at it, its model,
-    engine config hash, context length, prices, and whether it is retired."""
+    engine config hash and settings, context length, prices, and whether it is retired."""
     return {"object": "list", "data": admin.revisions_listed(svc.registry_view.refresh())}
 
 

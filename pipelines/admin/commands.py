@@ -9,6 +9,7 @@ from typing import Iterable
 
 from pydantic import ValidationError
 
+from models import engine_settings as engines
 from models import topics
 from models.events import Envelope, decode, encode, new_event
 from models.events_admin import (
@@ -25,7 +26,9 @@ PLATFORM = "_platform"  # tenant id under which platform-wide admin events are k
 
 
 class AdminError(ValueError):
-    pass
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param  # the input it is about, where it is one
 
 
 class AdminNotFound(AdminError):
@@ -178,14 +181,18 @@ def approve_model(
     max_model_len: int, actor: str, price_input_per_1k_micros: int = 0, price_output_per_1k_micros: int = 0,
     allowed_tenants: tuple[str, ...] = ("*",), artifact_digests: dict[str, str] | None = None,
     artifact_signature: str | None = None, trusted: Iterable = (), require_signed: bool = False,
+    engine_settings: engines.EngineSettings | dict | None = None, device: engines.Device | None = None,
 ) -> list[Envelope]:
     """Approves a revision (once: a later call with the same name only moves the alias) and
     points the alias at it. `artifact_digests` are the directory's file digests
     (`pipelines.artifacts.artifact_digests`); a signature over them must verify with one of
-    the `trusted` keys, and with `require_signed` one must."""
+    the `trusted` keys, and with `require_signed` one must. `engine_settings`: the engine
+    settings given (a dict, checked for `device`, this host's by default) or already
+    resolved; they are recorded on the revision (`models.engine_settings`)."""
     registry = view.refresh()
     if model_revision in registry.retired:
         raise AdminConflict(f"model revision {model_revision!r} is retired; approve the model under a new revision")
+    settings = resolve_engine_settings(engine_settings, device)
     signer = _artifact_signer(artifact_digests, artifact_signature, list(trusted), require_signed)
     events = []
     known = registry.revisions.get(model_revision)
@@ -193,12 +200,16 @@ def approve_model(
         raise AdminConflict(f"model revision {model_revision!r} was approved with other files "
                             f"({'; '.join(artifacts.differences(known.artifact_digests, artifact_digests)[:3])}): "
                             f"approve these under a new revision")
+    if known is not None and known.engine_settings not in (None, settings):
+        raise AdminConflict(f"model revision {model_revision!r} was approved with other engine settings "
+                            f"({known.engine_settings.model_dump(exclude_none=True)}): approve these under a new revision")
     if known is None:
         events.append(_admin_event(ModelRevisionApproved(
             model_revision=model_revision, model_path=model_path, engine_config_hash=engine_config_hash,
             max_model_len=max_model_len, price_input_per_1k_micros=price_input_per_1k_micros,
             price_output_per_1k_micros=price_output_per_1k_micros, actor=actor, artifact_digests=artifact_digests,
-            artifact_signature=artifact_signature if signer else None, artifact_signer=signer), PLATFORM))
+            artifact_signature=artifact_signature if signer else None, artifact_signer=signer,
+            engine_settings=settings), PLATFORM))
     current = registry.aliases.get(alias)
     if current is None or current.model_revision != model_revision or current.allowed_tenants != frozenset(allowed_tenants):
         if alias in registry.open_rollouts:
@@ -209,6 +220,18 @@ def approve_model(
     for env in events:
         _append(view._log, env)
     return events
+
+
+def resolve_engine_settings(given: engines.EngineSettings | dict | None,
+                            device: engines.Device | None = None) -> engines.EngineSettings:
+    """The engine settings to record: `given` as they are when resolved already, else checked
+    for `device` (this host's by default), with its defaults for what was not given."""
+    if isinstance(given, engines.EngineSettings):
+        return given
+    try:
+        return engines.resolve(given or {}, device or engines.detect_device())
+    except engines.EngineSettingsError as exc:
+        raise AdminError(str(exc), param=exc.field) from None
 
 
 def _artifact_signer(digests: dict[str, str] | None, signature: str | None, trusted: list,
@@ -307,7 +330,8 @@ def delete_alias(view: RegistryView, *, alias: str, actor: str) -> Envelope:
 def revisions_listed(registry: Registry) -> list[dict]:
     """Every approved revision, in the order approved, as `GET /v1/admin/models` and
     `ledgerlm admin model list` show it: the aliases pointing at it (with the tenants each
-    allows), its model, engine config hash, context length and prices, whether it is retired
+    allows), its model, engine config hash and settings (None: approved before revisions
+    had them), context length and prices, whether it is retired
     (and why), and what its record says of its files."""
     listed = []
     for name, revision in registry.revisions.items():
@@ -318,6 +342,7 @@ def revisions_listed(registry: Registry) -> list[dict]:
                        "max_model_len": revision.max_model_len,
                        "price_input_per_1k_micros": revision.price_input_per_1k_micros,
                        "price_output_per_1k_micros": revision.price_output_per_1k_micros,
+                       "engine_settings": revision.engine_settings and revision.engine_settings.model_dump(),
                        "retired": name in registry.retired, "retired_reason": registry.retired.get(name),
                        **artifacts.describe(revision)})
     return listed

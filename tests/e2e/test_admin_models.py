@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 
+from models.engine_settings import detect_device, resolve
+
 
 def test_an_operator_lists_the_approved_revisions_and_no_one_else_does(api):
     _, operator = api.tenant(scopes=("operator",))
@@ -29,6 +31,7 @@ def test_an_operator_lists_the_approved_revisions_and_no_one_else_does(api):
         "model_revision": f"{name}@v2", "aliases": [{"alias": name, "allowed_tenants": ["*"]}],
         "model_path": "/models/v2", "engine_config_hash": "abc", "max_model_len": 1024,
         "price_input_per_1k_micros": 150, "price_output_per_1k_micros": 600, "retired": False,
+        "engine_settings": resolve({}, detect_device()).model_dump(),  # the API host's defaults
         "retired_reason": None, "artifacts": None}
     assert {"alias": "tiny", "allowed_tenants": ["*"]} in revisions[api.model_revision]["aliases"]
     assert (after[f"{name}@v2"]["retired"], after[f"{name}@v2"]["retired_reason"]) == (True, "superseded")

@@ -7,6 +7,7 @@ import json
 import pytest
 
 import api.cli.main
+from models.engine_settings import detect_device, resolve
 from models.settings import Settings
 from pipelines.admin import commands as admin
 from pipelines.bootstrap import Bootstrap
@@ -54,6 +55,7 @@ def test_model_list_shows_each_revision_its_aliases_prices_and_whether_it_is_ret
     assert v1 == {"model_revision": "smollm2@v1", "aliases": [{"alias": "smollm2", "allowed_tenants": ["*"]}],
                   "model_path": "/m/v1", "engine_config_hash": "aaa", "max_model_len": 2048,
                   "price_input_per_1k_micros": 100, "price_output_per_1k_micros": 400,
+                  "engine_settings": resolve({}, detect_device()).model_dump(),  # this host's defaults
                   "retired": False, "retired_reason": None, "artifacts": None}
     assert v2["aliases"] == [{"alias": "smollm2-acme", "allowed_tenants": ["acme"]},
                              {"alias": "smollm2-next", "allowed_tenants": ["*"]}]
