@@ -67,6 +67,8 @@ def test_batch_cli_submits_waits_with_progress_and_downloads(embedded_platform, 
     job = json.loads(submitted.stdout)
     assert job["status"] == "completed" and job["request_counts"] == {"total": 8, "completed": 7, "failed": 1}
     assert "req" in submitted.stderr and "tok/s" in submitted.stderr  # the progress bar
+    # The platform's first batch waits for its worker to load the model, and says so meanwhile.
+    assert "in_progress (starting the batch engine)" in submitted.stderr, submitted.stderr[-2000:]
     status = subprocess.run([*CLI, "batch", *auth, "status", job["id"]], env=p["env"], timeout=60,
                             capture_output=True, text=True)
     assert json.loads(status.stdout)["status"] == "completed"
