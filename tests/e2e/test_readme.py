@@ -48,11 +48,13 @@ def test_the_readme_quickstart_and_tour_run_as_written(tmp_path, own_vllm):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERLM_") or k.startswith("LEDGERLM_TEST_")}
     env["PYTHONUNBUFFERED"] = "1"
     root = reader_root(tmp_path)
+    home = root / ".local" / "quickstart"
 
     result = run_blocks(blocks, cwd=root, env=env, timeout_s=RUN_S, block_timeout_s=BLOCK_S, stop_s=STOP_S)
 
-    assert result.returncode == 0 and result.failed is None, failure_report(result, home=root / '.local' / 'quickstart')
-    assert result.passed == to_run, failure_report(result, home=root / '.local' / 'quickstart')
-    assert result.home == str(root / ".local" / "quickstart"), f"the Quickstart's home moved: {result.home}"
+    assert result.returncode == 0 and result.failed is None, failure_report(result, home=home)
+    assert result.passed == to_run, failure_report(result, home=home)
+    # The run started from an empty home only if the Quickstart's home is under the fresh `.local/`.
+    assert result.home == str(home), f"the Quickstart's LEDGERLM_HOME moved: {result.home}"
     assert not result.lingering, f"processes the README started outlived `kill $(jobs -p)`: {result.lingering}"
     assert not result.survivors, f"processes the README started outlived their session: {result.survivors}"
