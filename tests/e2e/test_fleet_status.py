@@ -42,6 +42,10 @@ def test_the_fleet_shows_each_worker_its_revision_capacity_and_state(platform):
         assert ours["engine_config_hash"] == engine.engine_config_hash()
         assert ours["capacity"]["max_seqs"] == 8 and ours["capacity"]["max_model_len"] == engine.config.max_model_len
         assert ours["last_heartbeat_age_s"] < 5 and ours["load"]["free_slots"] <= 8
+        assert ours["load"]["engine_slots_free"] + ours["load"]["take_ahead_free"] == ours["load"]["free_slots"]
+        # The silence after which a worker is lost is the one admission judges by, never null.
+        assert ops.get("/v1/admin/fleet").json()["lost_after_s"] == platform.settings.worker_lost_after_s
+        assert ours["lost_after_s"] >= platform.settings.worker_lost_after_s
         ours_pool = wait_until(lambda: (p := pool_of(ops, platform.model_revision, ours["pool"]))
                                and p["workers"] >= 1 and p, 30, what="the pool summary to count the platform's worker")
         assert ours_pool["workers"] >= 1 and ours_pool["max_seqs"] >= 8
