@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from models.engine_settings import detect_device, resolve
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,7 +41,8 @@ def test_admin_cli_manages_tenants_keys_limits_and_models(tmp_path):
     approved = ledgerlm(tmp_path, "model", "approve", "--alias", "tiny", "--revision", "tiny@abc", "--path", "/m",
                         "--config-hash", "abc", "--max-model-len", "512", "--price-input-per-1k-micros", "1000")
     # "/m" is not a directory here, so no file digests are on record and the answer says so.
-    assert lines(approved) == [{"alias": "tiny", "model_revision": "tiny@abc", "artifacts": None}]
+    assert lines(approved) == [{"alias": "tiny", "model_revision": "tiny@abc", "artifacts": None,
+                                "engine_settings": resolve({}, detect_device()).model_dump()}]  # this host's defaults
     assert lines(ledgerlm(tmp_path, "model", "alias", "tiny-acme", "tiny@abc", "--tenants", "acme")) == [
         {"alias": "tiny-acme", "model_revision": "tiny@abc"}]
 
