@@ -102,7 +102,7 @@ def test_the_console_shows_the_request_id_a_client_chose_beside_the_generation_i
     # A tenant of its own: the console tests' tenants keep the counts they expect.
     tenant_id, admin = platform.tenant(scopes=("tenant_admin",), application="admin")
     chosen = chosen_id("console")
-    _, generate = admin_commands.issue_key(platform.view, tenant_id=tenant_id, actor="tests",
+    generate, _ = admin_commands.issue_key(platform.view, tenant_id=tenant_id, actor="tests",
                                            application_id="chat", scopes=("generate",))
     with platform.client(generate) as client:
         chose = client.post("/v1/generations", json={**BODY, "request_id": chosen, "stream": False})
