@@ -1,6 +1,7 @@
 """The batch pool's engine: vLLM's offline `LLM`, which schedules a whole chunk at once
 (the throughput path), with the interactive adapter's engine config so a batch runs on
-the same pinned model revision. Prompts arrive as token ids (tokenized at validation),
+the same pinned model revision: the revision's recorded engine settings
+(`models.engine_settings`) over the worker's capacity, as the interactive worker builds it. Prompts arrive as token ids (tokenized at validation),
 and each carries the tenant as `cache_salt`, so prefix-cache blocks never cross tenants.
 
 One engine per worker process, made on first use and kept warm across tasks; a task for
@@ -15,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from pydantic import ValidationError
+
+from models.engine_settings import EngineSettings, detect_device
 from pipelines import artifacts
 from pipelines.log_level import engine_logging
 from workers.engine import EngineMismatch
-from workers.vllm_engine import VllmEngineConfig, engine_config_hash
+from workers.engine_config import VllmEngineConfig, engine_config_hash
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +105,32 @@ def _result(output) -> GenResult:
                      len(output.prompt_token_ids or []))
 
 
+def batch_config(*, model_path: str, max_model_len: int, capacity: dict,
+                 engine_settings: EngineSettings | None = None) -> VllmEngineConfig:
+    """The engine a chunk runs on: the revision's recorded `engine_settings` over the worker's
+    `capacity`, as `VllmEngine.from_settings` builds the interactive one (a KV cache the
+    revision leaves open is the worker's on CPU, vLLM's on a GPU). A revision approved
+    before settings were recorded has none: the defaults, as before."""
+    chosen = engine_settings.model_dump() if engine_settings else {}
+    if chosen.get("kv_cache_gb", 0) is None and detect_device().kind == "cpu":
+        del chosen["kv_cache_gb"]
+    return VllmEngineConfig(model=Path(model_path), max_model_len=max_model_len, **{**capacity, **chosen})
+
+
+def recorded_settings(given: EngineSettings | dict | None) -> EngineSettings | None:
+    """A chunk task's engine settings (a dict, as queued) as `EngineSettings`; ones this
+    worker cannot read are an `EngineMismatch`, since it could not build that engine."""
+    if given is None or isinstance(given, EngineSettings):
+        return given
+    try:
+        return EngineSettings.model_validate(given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "engine_settings"
+        raise EngineMismatch(f"the revision's engine settings are not ones this worker can build "
+                             f"({where}: {first['msg']})") from None
+
+
 @dataclass
 class EngineSlot:
     """The worker process's one engine, keyed by what it was made for."""
@@ -111,18 +141,22 @@ class EngineSlot:
     factory: type = VllmBatchEngine
 
     def get(self, *, model_path: str, max_model_len: int, pinned_hash: str, artifact_manifest: str | None = None,
-            on_starting: Callable[[], None] = lambda: None,
+            engine_settings: EngineSettings | dict | None = None, on_starting: Callable[[], None] = lambda: None,
             on_started: Callable[[float], None] = lambda seconds: None) -> BatchEngine:
-        """The warm engine, or a new one: `on_starting` is called right before one is made,
-        `on_started` with the seconds it took once it is up."""
-        key = (model_path, max_model_len, pinned_hash, artifact_manifest)
+        """The warm engine, or a new one built with the revision's `engine_settings`:
+        `on_starting` is called right before one is made, `on_started` with the seconds it
+        took once it is up."""
+        settings = recorded_settings(engine_settings)
+        key = (model_path, max_model_len, pinned_hash, artifact_manifest, settings)
         if self.engine is not None and self.key == key:
             return self.engine
-        config = VllmEngineConfig(model=Path(model_path), max_model_len=max_model_len, **self.capacity)
+        config = batch_config(model_path=model_path, max_model_len=max_model_len, capacity=self.capacity,
+                              engine_settings=settings)
         actual = engine_config_hash(config)
         if actual != pinned_hash:
-            raise EngineMismatch(f"this worker's engine config hashes to {actual}, but the batch pinned "
-                                 f"{pinned_hash}: the outputs would not be that revision's")
+            raise EngineMismatch(f"this worker's engine config ({config.dtype}, enforce_eager={config.enforce_eager}) "
+                                 f"hashes to {actual}, but the batch pinned {pinned_hash}: the outputs would not "
+                                 f"be that revision's")
         if artifact_manifest is not None:
             try:
                 found = artifacts.manifest_digest(artifacts.artifact_digests(Path(model_path)))

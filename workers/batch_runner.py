@@ -56,6 +56,9 @@ class ChunkTask:
     part_key: str
     summarization: dict | None = None
     artifact_manifest: str | None = None  # tasks queued before approvals recorded files carry none
+    # The revision's recorded engine settings (`EngineSettings.model_dump()`); None for a revision
+    # approved before they were recorded, and in tasks queued before chunks carried them.
+    engine_settings: dict | None = None
 
 
 def report(log: EventLog, task: ChunkTask, payload: Payload) -> None:
@@ -114,7 +117,7 @@ def _engine(task: ChunkTask, engines: EngineSlot, log: EventLog, worker_id: str)
     ids = {"batch_id": task.batch_id, "chunk_index": task.chunk_index, "worker_id": worker_id}
     return engines.get(
         model_path=task.model_path, max_model_len=task.max_model_len, pinned_hash=task.engine_config_hash,
-        artifact_manifest=task.artifact_manifest, on_starting=lambda: report(log, task, BatchEngineStarting(**ids)),
+        artifact_manifest=task.artifact_manifest, engine_settings=task.engine_settings, on_starting=lambda: report(log, task, BatchEngineStarting(**ids)),
         on_started=lambda s: report(log, task, BatchEngineStarted(**ids, duration_ms=int(s * 1000))))
 
 

@@ -222,6 +222,8 @@ class Reconciler:
             # the approved files, as one digest: a batch worker refuses a directory that differs
             "artifact_manifest": (artifacts.manifest_digest(revision.artifact_digests)
                                   if revision.artifact_digests else None),
+            # how the revision's engine is built, so the batch worker builds the same (and hashes the same)
+            "engine_settings": revision.engine_settings.model_dump() if revision.engine_settings else None,
         }
 
     def _finalize(self, batch: BatchState, emit: Callable) -> None:
