@@ -228,8 +228,8 @@ def test_the_installed_command_exits_2_on_bad_input_and_0_on_the_seed():
     assert good.returncode == 0 and "= $41,610 a month" in good.stdout
 
 
-def test_the_readmes_example_is_what_the_command_prints(capsys):
-    section = (ROOT / "README.md").read_text().split("## Capacity planning\n", 1)[1]
+def test_the_documented_example_is_what_the_command_prints(capsys):
+    section = (ROOT / "docs" / "capacity.md").read_text().split("## A worked example\n", 1)[1]
     command, printed = [block.split("\n", 1)[1] for block in section.split("```")[1:4:2]]
     argv = command.replace("\\\n", " ").split()
     assert argv[:3] == ["ledgerlm", "capacity", "plan"]
