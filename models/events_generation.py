@@ -61,6 +61,9 @@ class Sampling(Payload):
     ignore_eos: bool = False
     # Absent (and left out of the bytes, so older events encode as before): free text.
     structured_output: StructuredOutput | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Log probabilities asked for: each output token's, with this many of the likeliest
+    # alternatives (0: the token's own only). Absent (and left out of the bytes): none asked.
+    logprobs: int | None = Field(default=None, ge=0, le=20, exclude_if=lambda v: v is None)
 
 
 @event("PromptSubmitted")
@@ -202,12 +205,29 @@ class GenerationStarted(Payload):
     engine_config_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+class TopLogprob(Payload):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(Payload):
+    """One output token's log probability, and the likeliest alternatives at its place
+    (as many as the request asked for, likeliest first)."""
+
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
 @event("TokensEmitted")
 class TokensEmitted(Payload):
     request_id: str
     seq: int = Field(ge=0)
     text: str
     token_count: int = Field(ge=0)
+    # One entry a token, for a request that asked for log probabilities (`Sampling.logprobs`);
+    # absent (and left out of the bytes) for every other request.
+    logprobs: tuple[TokenLogprob, ...] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 @event("GenerationCompleted")

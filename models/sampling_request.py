@@ -17,6 +17,8 @@ from pydantic import AfterValidator, BaseModel, Field
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's OpenAI server: the engine's generator takes an int64
 MAX_STOP = 4  # OpenAI's limit, which ledgerlm keeps
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat, and vLLM's default `max_logprobs`
+MAX_TEXT_LOGPROBS = 5  # OpenAI's limit for completions' `logprobs`
 
 
 def _stops(value):
@@ -57,6 +59,30 @@ class SamplingFields(BaseModel):
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False  # vLLM's extension, handy for fixed-length benchmarks
+    # Chat: `logprobs` a boolean and `top_logprobs` the alternatives; completions: `logprobs`
+    # the alternatives. Read by each route's own rule (`logprobs_asked`).
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+
+    def logprobs_asked(self, route: str) -> int | None:
+        """The alternatives per token a request asks for (None: no log probabilities), by
+        the rule of its route ('chat' or 'text'); `ValueError` naming the field otherwise."""
+        lp, top = self.logprobs, self.top_logprobs
+        if route == "chat":
+            if lp is not None and not isinstance(lp, bool):
+                raise ValueError("logprobs: must be true or false")
+            if top is not None and lp is not True:
+                raise ValueError("top_logprobs: only with logprobs set to true")
+            if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise ValueError(f"top_logprobs: must be from 0 to {MAX_TOP_LOGPROBS}")
+            return (top or 0) if lp else None
+        if top is not None:
+            raise ValueError("top_logprobs: not a field of this route (logprobs takes the number)")
+        if lp is None:
+            return None
+        if isinstance(lp, bool) or not 0 <= lp <= MAX_TEXT_LOGPROBS:
+            raise ValueError(f"logprobs: must be an integer from 0 to {MAX_TEXT_LOGPROBS}")
+        return lp
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

@@ -42,6 +42,9 @@ class WrappedEngine(InferenceEngine):
     def max_num_seqs(self) -> int:
         return self._inner.max_num_seqs()
 
+    def max_logprobs(self) -> int | None:
+        return self._inner.max_logprobs()
+
     @property
     def stats(self) -> EngineStats | None:
         return self._inner.stats

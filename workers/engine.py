@@ -35,6 +35,20 @@ class EngineRequest:
     # `json_object`, any JSON object. An engine that cannot hold output to it refuses the request.
     json_schema: str | None = None
     json_object: bool = False
+    # Log probabilities: each new token's, with this many likeliest alternatives (0: its own
+    # only); None: none asked, and the deltas carry none. Only sent to an engine whose
+    # `max_logprobs()` covers it.
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A new token's text and log probability (<= 0), and its likeliest alternatives as
+    (text, log probability) pairs, likeliest first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +64,8 @@ class EngineDelta:
     finish_reason: FinishReason | None
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
+    # For a request that asked for them: one entry per new token, in order; None otherwise.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +146,12 @@ class InferenceEngine(abc.ABC):
     def max_model_len(self) -> int | None:
         """The longest sequence, prompt and output together, the engine holds; None for an
         engine with no limit of its own."""
+        return None
+
+    def max_logprobs(self) -> int | None:
+        """The most alternatives per token the engine gives with its log probabilities
+        (vLLM's `max_logprobs`); None for an engine that gives none, to which no request
+        asking for them is sent (the worker fails it as an invalid request)."""
         return None
 
     def max_num_seqs(self) -> int:

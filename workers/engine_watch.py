@@ -225,6 +225,9 @@ class WatchedEngine(InferenceEngine):
     def max_num_seqs(self) -> int:
         return self.inner.max_num_seqs()
 
+    def max_logprobs(self) -> int | None:
+        return self.inner.max_logprobs()
+
     @property
     def stats(self) -> EngineStats | None:
         return self.inner.stats

@@ -20,7 +20,7 @@ from models.events_generation import (
 )
 from pipelines.eventlog import EventLog
 from pipelines.outage import Backoff, is_transient
-from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine
+from workers.engine import EngineDead, EngineDelta, EngineRequest, InferenceEngine, InvalidEngineRequest
 from workers.stream_writer import StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -202,6 +202,9 @@ class _Generation:
     def _engine_request(self, prompt: str) -> EngineRequest:
         req, sampling = self._req, self._req.sampling
         structured = sampling.structured_output
+        most = self._engine.max_logprobs()
+        if sampling.logprobs is not None and (most is None or sampling.logprobs > most):
+            raise InvalidEngineRequest(f"logprobs: the engine gives {'none' if most is None else f'at most {most}'}")
         return EngineRequest(
             request_id=req.request_id, prompt=prompt, max_output_tokens=req.max_output_tokens,
             tenant_id=self._queued.tenant_id, priority=self._priority,
@@ -209,6 +212,7 @@ class _Generation:
             stop=sampling.stop, ignore_eos=sampling.ignore_eos,
             json_schema=structured.json_schema if structured else None,
             json_object=structured is not None and structured.kind == "json_object",
+            logprobs=sampling.logprobs,
         )
 
     def _emit(self, delta: EngineDelta) -> None:
@@ -216,7 +220,7 @@ class _Generation:
             self._first_token_ms = int((time.monotonic() - self._t0) * 1000)
         self._output_tokens += delta.new_tokens
         self._digest.update(delta.text.encode())
-        self._writer.tokens(self._started, delta.text, delta.new_tokens)
+        self._writer.tokens(self._started, delta.text, delta.new_tokens, delta.logprobs)
 
     def _ending(self) -> GenerationCancelled | GenerationCompleted:
         """The terminal event of a run that raised nothing: cancelled when it was stopped

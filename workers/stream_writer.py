@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from models import topics
 from models.events import Envelope, caused_by
-from models.events_generation import TokensEmitted
+from models.events_generation import TokenLogprob, TokensEmitted, TopLogprob
 from pipelines.eventlog import EventLog
 from pipelines.publish import publish
 
@@ -46,10 +46,15 @@ class _Pending:
     started: Envelope
     text: list[str] = field(default_factory=list)
     tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # only for a generation that asked for them
     since: float = 0.0  # when its oldest unwritten text came
     now: bool = False  # first tokens, an end or a drain: goes out with the next append
     announce: bool = False  # the stream copy of `started` goes first
     terminal: Envelope | None = None
+
+
+def _as_event(t) -> TokenLogprob:
+    return TokenLogprob(token=t.token, logprob=t.logprob, top=tuple(TopLogprob(token=a, logprob=lp) for a, lp in t.top))
 
 
 class StreamWriter:
@@ -66,9 +71,10 @@ class StreamWriter:
         self.output_tokens = 0  # tokens handed to it, for the worker's heartbeat rate
         self._urgent = asyncio.Event()  # something that should not linger is pending
 
-    def tokens(self, started: Envelope, text: str, count: int) -> None:
-        """Queues a delta of the generation `started` began; raises if an earlier append
-        of this generation failed."""
+    def tokens(self, started: Envelope, text: str, count: int, logprobs=None) -> None:
+        """Queues a delta of the generation `started` began, with its tokens' log
+        probabilities (`workers.engine.TokenLogprob`s) if it asked for them; raises if an
+        earlier append of this generation failed."""
         rid = started.payload.request_id
         if rid in self._failed:
             raise self._failed.pop(rid)
@@ -78,6 +84,9 @@ class StreamWriter:
             self._seq.setdefault(rid, 0)
         entry.text.append(text)
         entry.tokens += count
+        if logprobs is not None:
+            entry.logprobs = entry.logprobs or []
+            entry.logprobs.extend(_as_event(t) for t in logprobs)
         self.output_tokens += count
         if entry.now:
             self._urgent.set()
@@ -196,7 +205,8 @@ class StreamWriter:
                 seq = self._seq.get(rid, 0)
                 self._seq[rid] = seq + 1
                 stream.append(caused_by(entry.started, TokensEmitted(
-                    request_id=rid, seq=seq, text="".join(entry.text), token_count=entry.tokens)))
+                    request_id=rid, seq=seq, text="".join(entry.text), token_count=entry.tokens,
+                    logprobs=None if entry.logprobs is None else tuple(entry.logprobs))))
             if entry.terminal is not None:
                 stream.append(entry.terminal)
                 ends.append(entry.terminal)

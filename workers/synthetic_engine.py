@@ -6,7 +6,9 @@ It steps the way a batching engine does: one clock for every running sequence, a
 step every sequence gets its next token, so N streams cost one wake-up a step, not N
 timers. `LEDGERLM_PACED_TOKENS_PER_S` sets each stream's rate (50 by default, a 20 ms
 step), `LEDGERLM_PACED_MAX_SEQS` how many run at once (256); the rest wait their turn.
-The text is one short word a token, counted back by `count_tokens`.
+The text is one short word a token, counted back by `count_tokens`. Asked for log
+probabilities, it gives each token the same made-up ones (`_LOGPROB`, with alternatives
+`alt1 `, `alt2 `... each one less likely), so answers are deterministic.
 """
 from __future__ import annotations
 
@@ -15,9 +17,19 @@ import os
 import time
 from collections import deque
 
-from workers.engine import EngineDelta, EngineRequest, InferenceEngine
+from workers.engine import EngineDelta, EngineRequest, InferenceEngine, TokenLogprob
 
 _WORD = "tok "
+_LOGPROB = -0.25
+MAX_LOGPROBS = 20
+
+
+def made_up_logprobs(k: int | None) -> tuple[TokenLogprob, ...] | None:
+    """One token's log probabilities with `k` alternatives (the token itself likeliest)."""
+    if k is None:
+        return None
+    top = tuple((_WORD if i == 0 else f"alt{i} ", _LOGPROB - i) for i in range(k))
+    return (TokenLogprob(_WORD, _LOGPROB, top),)
 
 
 class SyntheticEngine(InferenceEngine):
@@ -59,7 +71,8 @@ class SyntheticEngine(InferenceEngine):
                     yield EngineDelta(rid, "", 0, made - 1, True, "abort", prompt_tokens=1)
                     return
                 last = made == request.max_output_tokens
-                yield EngineDelta(rid, _WORD, 1, made, last, "length" if last else None, prompt_tokens=1)
+                yield EngineDelta(rid, _WORD, 1, made, last, "length" if last else None, prompt_tokens=1,
+                                  logprobs=made_up_logprobs(request.logprobs))
         finally:
             self._running.pop(rid, None)
             self._aborted.discard(rid)
@@ -104,6 +117,9 @@ class SyntheticEngine(InferenceEngine):
 
     def max_num_seqs(self) -> int:
         return self.max_seqs
+
+    def max_logprobs(self) -> int:
+        return MAX_LOGPROBS
 
     def close(self) -> None:
         if self._clock is not None:

@@ -39,6 +39,7 @@ from workers.engine import (
     InferenceEngine,
     InvalidEngineRequest,
     KvFigures,
+    TokenLogprob,
 )
 from workers.engine_config import GiB, VllmEngineConfig, engine_config_hash, engine_version  # noqa: F401 (their old home)
 from workers.engine_stats import EngineStats, vllm_blocks
@@ -172,7 +173,8 @@ class VllmEngine(InferenceEngine):
             params = SamplingParams(
                 max_tokens=request.max_output_tokens, temperature=request.temperature, top_p=request.top_p,
                 seed=request.seed, stop=list(request.stop) or None, ignore_eos=request.ignore_eos,
-                structured_outputs=structured, output_kind=RequestOutputKind.DELTA,
+                structured_outputs=structured, logprobs=self._logprobs_of(request),
+                output_kind=RequestOutputKind.DELTA,
             )
             (engine_input,) = await llm.renderer.render_cmpl_async(
                 [{"prompt": request.prompt, "cache_salt": request.tenant_id}]
@@ -200,6 +202,7 @@ class VllmEngine(InferenceEngine):
                     finish_reason=reason if output.finished else None,
                     prompt_tokens=prompt_tokens,
                     cached_prompt_tokens=output.num_cached_tokens,
+                    logprobs=None if request.logprobs is None else token_logprobs(completion, request.logprobs),
                 )
         except (ValueError, VLLMClientError) as exc:
             raise InvalidEngineRequest(str(exc)) from exc
@@ -271,6 +274,16 @@ class VllmEngine(InferenceEngine):
         llm = self._llm
         return llm.model_config.max_model_len if llm is not None else self.config.max_model_len
 
+    def max_logprobs(self) -> int:
+        """vLLM's `max_logprobs` (left at its default by ledgerlm's engine settings)."""
+        llm = self._llm
+        return llm.model_config.max_logprobs if llm is not None else 20
+
+    def _logprobs_of(self, request: EngineRequest) -> int | None:
+        if request.logprobs is not None and request.logprobs > self.max_logprobs():
+            raise InvalidEngineRequest(f"logprobs: at most {self.max_logprobs()} alternatives")
+        return request.logprobs
+
     def max_num_seqs(self) -> int:
         """The sequences vLLM schedules at once, as configured."""
         return self.config.max_num_seqs
@@ -307,6 +320,22 @@ class VllmEngine(InferenceEngine):
         if self._llm.errored:
             raise EngineError("engine is dead")
         return self._llm
+
+
+def token_logprobs(completion: Any, k: int) -> tuple[TokenLogprob, ...]:
+    """The new tokens' log probabilities of one delta, with `k` alternatives each. A lone
+    token's text is the delta's text (what the client was sent, so the tokens join up to
+    the answer); several tokens of one step are each decoded alone. A log probability too
+    small for a float is -9999, as vLLM's own server writes it (JSON has no -inf)."""
+    ids, found = completion.token_ids, list(completion.logprobs or ())
+    out = []
+    for token_id, at in zip(ids, found):
+        chosen = at[token_id]
+        token = completion.text if len(ids) == 1 else (chosen.decoded_token or "")
+        top = sorted((lp for lp in at.values() if lp.rank is not None and lp.rank <= k), key=lambda lp: lp.rank)[:k]
+        out.append(TokenLogprob(token, max(chosen.logprob, -9999.0),
+                                tuple((lp.decoded_token or "", max(lp.logprob, -9999.0)) for lp in top)))
+    return tuple(out)
 
 
 def _cmdline(process: psutil.Process) -> str:

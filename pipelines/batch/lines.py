@@ -136,6 +136,10 @@ def parse_line(raw: bytes, line: int, endpoint: str) -> ParsedLine:
     if body.response_format not in (None, {"type": "text"}):
         raise LineError("invalid_request", f"line {line}: body.response_format is not supported in a batch: only "
                         "{\"type\": \"text\"} is accepted (use /v1/chat/completions for structured outputs)", custom_id)
+    for name in ("logprobs", "top_logprobs"):  # never run without what the line asked for
+        if getattr(body, name) is not None and getattr(body, name) is not False:
+            raise LineError("invalid_request", f"line {line}: body.{name} is not supported in a batch (use "
+                            "/v1/chat/completions or /v1/completions for log probabilities)", custom_id)
     sampling = body.sampling_values()
     is_chat = isinstance(body, ChatBody)
     return ParsedLine(

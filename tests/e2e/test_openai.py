@@ -102,5 +102,5 @@ def test_errors_reach_the_client_as_its_own_exceptions(platform):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL_ALIAS, prompt="x", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client.chat.completions.create(model=MODEL_ALIAS, messages=MESSAGES, logprobs=True)
+        client.chat.completions.create(model=MODEL_ALIAS, messages=MESSAGES, logit_bias={"1": 5})
     assert platform.worker.served == served_before

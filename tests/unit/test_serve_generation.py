@@ -65,9 +65,9 @@ class WatchedWriter(StreamWriter):
         self.queued.append("announce")
         super().announce(started)
 
-    def tokens(self, started, text, count):
+    def tokens(self, started, text, count, logprobs=None):
         self.queued.append("tokens")
-        super().tokens(started, text, count)
+        super().tokens(started, text, count, logprobs)
 
 
 def serve_with_take(commits: bool) -> tuple[int, RecordingLog, HandingEngine, WatchedWriter]:
