@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from api.cli.home import not_found
 from models.engine_settings import add_engine_flags, given_flags
 from models.limits import LIMIT_FIELDS, LIMITS, MAX_FAIR_SHARE_WEIGHT
 from models.prices import add_price_flags
@@ -173,7 +174,7 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
 def print_admin_lines(settings: Settings, lines) -> int:
     """Prints as JSON lines what `lines(view, actor)` yields over the registry view of the
     configured log; an admin command's refusal is an error line and exit status 2."""
-    from pipelines.admin.commands import AdminError
+    from pipelines.admin.commands import AdminError, AdminNotFound
     from pipelines.artifacts import ArtifactError
     from pipelines.bootstrap import Bootstrap
 
@@ -184,6 +185,9 @@ def print_admin_lines(settings: Settings, lines) -> int:
         try:
             for line in lines(view, actor):
                 print(json.dumps(line))
+        except AdminNotFound as exc:  # perhaps the wrong log: say which one was read
+            print(f"error: {not_found(exc, settings)}", file=sys.stderr)
+            return 2
         except (AdminError, ArtifactError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

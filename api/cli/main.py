@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 
+from api.cli import home
 from api.cli.admin import add_admin_parser
 from api.cli.processes import PROCESSES, add_serve_parser, serve
 from models.settings import Settings
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ledgerlm: {exc}", file=sys.stderr)
         return 2
     if argv[:1] == ["model"]:
+        home.announce_model_tool(argv)
         os.execv(sys.executable, [sys.executable, "-m", "workers", *argv])
     parser = build_parser()
     handlers = dict(HANDLERS)
@@ -72,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         handlers.update(importlib.import_module(name).register(verbs))
     args = parser.parse_args(argv)
     settings = Settings()
+    refused = home.announce(settings, args)
+    if refused is not None:
+        return refused
     if args.verb == "serve":
         return serve(settings, args, parser)
     return handlers[args.verb](settings, args)

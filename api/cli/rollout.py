@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from api.cli.home import not_found
 from models.settings import Settings
 
 GUARDRAIL_FLAGS = {"min_samples": int, "max_ttft_p95_ratio": float, "max_tpot_p95_ratio": float,
@@ -62,6 +63,10 @@ class NoRollout(LookupError):
     """`rollout status ALIAS` for an alias without the rollout asked for."""
 
 
+class NoSuchAlias(NoRollout):
+    """`rollout status ALIAS` for an alias the log does not hold: perhaps another log's."""
+
+
 def _run(settings: Settings, args: argparse.Namespace) -> int:
     from api.cli.admin import print_admin_lines
     from pipelines.rollouts import commands as rollouts
@@ -69,16 +74,16 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         return print_admin_lines(settings, lambda view, actor: _lines(rollouts, view, args, actor))
     except NoRollout as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {not_found(exc, settings) if isinstance(exc, NoSuchAlias) else exc}", file=sys.stderr)
         return 1
 
 
-def _none_for(registry, alias: str, ended_too: bool) -> str:
+def _none_for(registry, alias: str, ended_too: bool) -> NoRollout:
     if alias not in registry.aliases:
-        return f"alias {alias!r} does not exist (aliases: {', '.join(sorted(registry.aliases)) or 'none'})"
+        return NoSuchAlias(f"alias {alias!r} does not exist (aliases: {', '.join(sorted(registry.aliases)) or 'none'})")
     if ended_too:
-        return f"alias {alias!r} has had no rollout"
-    return f"alias {alias!r} has no rollout under way (--all shows ended ones too)"
+        return NoRollout(f"alias {alias!r} has had no rollout")
+    return NoRollout(f"alias {alias!r} has no rollout under way (--all shows ended ones too)")
 
 
 def _lines(rollouts, view, args, actor: str):
@@ -99,7 +104,7 @@ def _lines(rollouts, view, args, actor: str):
         shown = registry.rollouts.values() if args.all else registry.open_rollouts.values()
         found = [r for r in sorted(shown, key=lambda r: r.started_at) if args.alias in (None, r.alias)]
         if args.alias is not None and not found:
-            raise NoRollout(_none_for(registry, args.alias, args.all))
+            raise _none_for(registry, args.alias, args.all)
         for rollout in found:
             yield rollouts.describe(rollout)
     else:
