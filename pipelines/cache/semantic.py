@@ -72,6 +72,8 @@ def partition_key(tenant_id: str, model_revision: str, *, context: object, sampl
 
 def cacheable(sampling: dict, *, sampled_too: bool = False) -> bool:
     """Whether an answer under these sampling parameters may be cached and served again."""
+    if sampling.get("logprobs") is not None:  # a cached answer has no log probabilities to give
+        return False
     return sampled_too or sampling_key(sampling)["temperature"] == 0
 
 

@@ -20,6 +20,7 @@ from models.events_generation import (
 )
 from models.sampling_request import SamplingFields
 from pipelines.batch.lines import LineError, parse_line
+from pipelines.cache.semantic import cacheable
 from tests.unit.test_stream_writer import RecordingLog, started
 from workers import engine as port
 from workers.stream_writer import StreamWriter
@@ -170,6 +171,11 @@ def test_the_synthetic_engine_gives_made_up_logprobs_only_when_asked():
     deltas = asyncio.run(run(2))
     assert [len(d.logprobs[0].top) for d in deltas] == [2, 2]
     assert all(d.logprobs[0].logprob <= 0 for d in deltas)
+
+
+def test_a_request_asking_for_logprobs_is_never_answered_from_the_semantic_cache():
+    assert cacheable(Sampling(temperature=0).model_dump())
+    assert not cacheable(Sampling(temperature=0, logprobs=0).model_dump(), sampled_too=True)
 
 
 def test_the_base_engine_gives_none():
