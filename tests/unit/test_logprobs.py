@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import Future
 
 import pytest
 
@@ -16,13 +17,17 @@ from api.stream_hub import StreamEvent
 from models import topics
 from models.events import encode, new_event
 from models.events_generation import (
-    GenerationCompleted, Sampling, Timings, TokenLogprob, TokensEmitted, TopLogprob,
+    GenerationCompleted, GenerationFailed, GenerationQueued, Sampling, Timings, TokenLogprob, TokensEmitted,
+    TopLogprob,
 )
 from models.sampling_request import SamplingFields
 from pipelines.batch.lines import LineError, parse_line
 from pipelines.cache.semantic import cacheable
+from tests.fake_engine import FakeEngine
+from tests.unit.test_serve_generation import Cancels, queued
 from tests.unit.test_stream_writer import RecordingLog, started
 from workers import engine as port
+from workers.generation import serve_generation
 from workers.stream_writer import StreamWriter
 from workers.synthetic_engine import SyntheticEngine
 
@@ -180,3 +185,38 @@ def test_a_request_asking_for_logprobs_is_never_answered_from_the_semantic_cache
 
 def test_the_base_engine_gives_none():
     assert port.InferenceEngine.max_logprobs(object()) is None
+
+
+def _serve(engine, logprobs: int | None) -> list:
+    env = queued("r")
+    req = env.payload.request.model_copy(update={"sampling": Sampling(logprobs=logprobs), "max_output_tokens": 2})
+    env = env.model_copy(update={"payload": GenerationQueued(**{**dict(env.payload), "request": req})})
+    log = RecordingLog()
+
+    async def main() -> None:
+        prompt, taken = Future(), Future()
+        prompt.set_result("p")
+        taken.set_result(True)
+        await asyncio.wait_for(serve_generation(engine, Cancels(), env, started("r"), StreamWriter(log), prompt,
+                                                taken), timeout=30)
+    asyncio.run(main())
+    return [e.payload for e in log.on(topics.STREAM)]
+
+
+def test_the_worker_fails_a_request_asking_for_logprobs_of_an_engine_that_gives_none_without_running_it():
+    engine = FakeEngine(hold=False)
+    stream = _serve(engine, 1)
+    assert engine.started == [] and isinstance(stream[-1], GenerationFailed)
+    assert not any(isinstance(p, TokensEmitted) for p in stream)
+
+
+def test_the_worker_puts_the_engines_logprobs_on_the_token_events_of_a_request_that_asked():
+    engine = SyntheticEngine(tokens_per_s=1000.0)
+    try:
+        tokens = [p for p in _serve(engine, 2) if isinstance(p, TokensEmitted)]
+        plain = [p for p in _serve(engine, None) if isinstance(p, TokensEmitted)]
+    finally:
+        engine.close()
+    assert sum(len(p.logprobs) for p in tokens) == sum(p.token_count for p in tokens) == 2
+    assert all(len(t.top) == 2 for p in tokens for t in p.logprobs)
+    assert plain and all(p.logprobs is None for p in plain)
