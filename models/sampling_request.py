@@ -60,9 +60,10 @@ class SamplingFields(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False  # vLLM's extension, handy for fixed-length benchmarks
     # Chat: `logprobs` a boolean and `top_logprobs` the alternatives; completions: `logprobs`
-    # the alternatives. Read by each route's own rule (`logprobs_asked`).
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
+    # the alternatives. Read by each route's own rule (`logprobs_asked`). Left out of a body's
+    # dump when not given, so a body's hash (`Idempotency-Key`) is what it was before them.
+    logprobs: bool | int | None = Field(default=None, exclude_if=lambda v: v is None)
+    top_logprobs: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def logprobs_asked(self, route: str) -> int | None:
         """The alternatives per token a request asks for (None: no log probabilities), by

@@ -68,6 +68,11 @@ def test_completions_ask_with_a_number_from_0_to_5():
         assert refused("text", **body).param == param
 
 
+def test_a_body_that_does_not_ask_dumps_as_before_them_so_its_idempotency_hash_holds():
+    assert "logprobs" not in SamplingFields().model_dump() and "top_logprobs" not in SamplingFields().model_dump()
+    assert SamplingFields(logprobs=False).model_dump()["logprobs"] is False
+
+
 def test_a_route_without_log_probabilities_refuses_them_even_at_0():
     for body, param in [({"logprobs": 0}, "logprobs"), ({"logprobs": True}, "logprobs"),
                         ({"top_logprobs": 0}, "top_logprobs")]:
