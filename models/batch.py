@@ -20,7 +20,7 @@ from models.events import Envelope
 from models.events_batch import (
     BATCH_TERMINAL, BatchCancelled, BatchCancelRequested, BatchChunkCompleted, BatchChunkFailed, BatchChunkQueued,
     BatchChunkSkipped, BatchChunkStarted, BatchCompleted, BatchEngineStarted, BatchEngineStarting, BatchError,
-    BatchExpired, BatchFailed, BatchFinalizationStarted, BatchSubmitted, BatchUsageSettled, BatchValidated, BatchWindowElapsed, FileDeleted,
+    BatchExpired, BatchFailed, BatchFinalizationStarted, BatchSubmitted, BatchUsageSettled, BatchValidated, BatchWaitingForPool, BatchWindowElapsed, FileDeleted,
     FileUploaded, RequestCounts, SummarizationSpec,
 )
 
@@ -29,6 +29,7 @@ Status = Literal["validating", "failed", "in_progress", "finalizing", "completed
 ChunkStatus = Literal["pending", "queued", "running", "completed", "failed", "skipped"]
 TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 ENGINE_STARTING = "starting the batch engine"
+WAITING_FOR_POOL = "waiting for a batch worker of pool {pool}"
 
 
 @dataclass
@@ -92,6 +93,7 @@ class BatchState:
     output_uri: str | None = None
     ended_counts: RequestCounts | None = None
     times: dict[str, datetime] = field(default_factory=dict)  # in_progress_at, cancelling_at, ...
+    waiting_for_pool: str | None = None  # its dedicated pool had no batch worker; cleared when a chunk starts
 
     @property
     def terminal(self) -> bool:
@@ -120,6 +122,8 @@ class BatchState:
         """What a running batch is doing besides its status: only what a worker reported."""
         if not self.terminal and any(c.engine_starting and c.status == "running" for c in self.chunks):
             return ENGINE_STARTING
+        if not self.terminal and self.waiting_for_pool and not any(c.status == "running" for c in self.chunks):
+            return WAITING_FOR_POOL.format(pool=self.waiting_for_pool)
         return None
 
     def in_flight(self) -> list[ChunkState]:
@@ -154,6 +158,8 @@ class BatchState:
                 self._at("cancelling_at", when)
         elif isinstance(p, BatchWindowElapsed):
             self.window_elapsed = True
+        elif isinstance(p, BatchWaitingForPool):
+            self.waiting_for_pool = p.pool
         elif isinstance(p, BatchFinalizationStarted):
             self.finalizing = True
             self._at("finalizing_at", when)
@@ -163,6 +169,8 @@ class BatchState:
                             BatchChunkSkipped, BatchUsageSettled, BatchEngineStarting, BatchEngineStarted)):
             if self.validated and 0 <= p.chunk_index < len(self.chunks):
                 apply_chunk(self.chunks[p.chunk_index], p, when)
+            if isinstance(p, BatchChunkStarted):
+                self.waiting_for_pool = None  # a worker took a chunk: the wait is over
         elif isinstance(p, BATCH_TERMINAL):
             self._end(p, when)
 

@@ -145,6 +145,16 @@ class BatchEngineStarted(Payload):
     duration_ms: int = Field(default=0, ge=0)
 
 
+@event("BatchWaitingForPool")
+class BatchWaitingForPool(Payload):
+    """The batch's queued chunks wait on the batch queue of its tenant's dedicated pool,
+    which has no live batch worker; they never go to the shared pool. A chunk starting
+    ends the wait."""
+
+    batch_id: str
+    pool: str
+
+
 @event("BatchChunkCompleted")
 class BatchChunkCompleted(Payload):
     """The chunk's one Parquet part is written; usage is what its requests used."""

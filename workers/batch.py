@@ -2,7 +2,8 @@
 interactive pool, so batches never compete for an interactive engine.
 
     celery -A workers.batch.celery_app worker -Q batch -c 1 --pool prefork
-    (or: ledgerlm serve batch-worker)
+    (or: ledgerlm serve batch-worker; with --pool NAME, only the chunks of tenants
+    assigned that dedicated pool, from the queue `batch.pool.NAME`)
 
 Celery imports this module as its entrypoint, so the app is configured from `Settings`
 (the environment) when Celery first reads its configuration, not at import. Each worker
@@ -82,7 +83,9 @@ def resources() -> _Process:
 
 
 def _worker_id() -> str:
-    return f"batch@{socket.gethostname()}:{os.getpid()}"
+    pool = os.environ.get("LEDGERLM_BATCH_POOL")  # set by `ledgerlm serve batch-worker --pool NAME`
+    name = f"batch.{pool}" if pool else "batch"
+    return f"{name}@{socket.gethostname()}:{os.getpid()}"
 
 
 @signals.worker_process_init.connect

@@ -59,6 +59,7 @@ class ChunkTask:
     # The revision's recorded engine settings (`EngineSettings.model_dump()`); None for a revision
     # approved before they were recorded, and in tasks queued before chunks carried them.
     engine_settings: dict | None = None
+    pool: str | None = None  # the tenant's dedicated pool, whose own queue brought the task; None: shared
 
 
 def report(log: EventLog, task: ChunkTask, payload: Payload) -> None:

@@ -42,7 +42,7 @@ class Process:
     name: str
     does: str
     start: Callable[..., Started] | None = None
-    exec_argv: Callable[[Settings], list[str]] | None = None
+    exec_argv: Callable[[Settings, argparse.Namespace], list[str]] | None = None
     flags: Callable[[argparse.ArgumentParser], None] | None = None
     ready_says: str | None = None
     metrics: bool = True  # serves `LEDGERLM_METRICS_PORT` (the API serves its own `/metrics`)
@@ -126,9 +126,30 @@ def _start_batch_dispatcher(launch: Launch) -> Started:
                    ready_line=lambda port: {"batch_dispatcher": "ready", "metrics_port": port})
 
 
-def _batch_worker_argv(settings: Settings) -> list[str]:
-    """One Celery worker process with one warm engine; its child serves the chunks' metrics."""
-    return [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", settings.batch_queue,
+def _batch_worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", type=_pool_name,
+                        help="run only this dedicated pool's chunks (default: the shared batch pool)")
+
+
+def _pool_name(value: str) -> str:
+    import re
+
+    from models.limits import POOL_PATTERN
+
+    if not re.match(POOL_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"not a pool name: {value!r} (lower-case letters, digits, '-', '_')")
+    return value
+
+
+def _batch_worker_argv(settings: Settings, args: argparse.Namespace | None = None) -> list[str]:
+    """One Celery worker process with one warm engine; its child serves the chunks' metrics.
+    With `--pool NAME` it takes only that pool's queue (and is named after it)."""
+    from pipelines.batch.queue import pool_queue
+
+    pool = getattr(args, "pool", None)
+    queue = pool_queue(settings.batch_queue, pool)
+    named = ["-n", f"{queue}@%h"] if pool else []
+    return [sys.executable, "-m", "celery", "-A", "workers.batch.celery_app", "worker", "-Q", queue, *named,
             "-c", "1", "--pool", "prefork", "-l", os.environ.get("LEDGERLM_LOG_LEVEL", "INFO"),
             "--include", "workers.batch_metrics"]
 
@@ -144,7 +165,7 @@ PROCESSES: dict[str, Process] = {p.name: p for p in [
     Process("batch-dispatcher", "validates, splits and finishes batches", _start_batch_dispatcher,
             ready_says='"batch_dispatcher": "ready"'),
     Process("batch-worker", "runs batch chunks (Celery, one warm engine)", exec_argv=_batch_worker_argv,
-            ready_says="ready."),
+            flags=_batch_worker_flags, ready_says="ready."),
     Process("rollouts", "rollout guardrails: steps, promotes and rolls back", _start_rollouts,
             ready_says='"rollouts": "ready"'),
 ]}
@@ -223,7 +244,9 @@ def serve(settings: Settings, args: argparse.Namespace, parser: argparse.Argumen
     except ValueError as exc:
         parser.error(f"LEDGERLM_CPUS: {exc}")
     if process.exec_argv is not None:
-        argv = process.exec_argv(settings)
+        argv = process.exec_argv(settings, args)
+        if getattr(args, "pool", None):
+            os.environ["LEDGERLM_BATCH_POOL"] = args.pool  # the worker names itself after its pool
         os.execv(argv[0], argv)
 
     def fatal(exc: Exception) -> int:

@@ -63,13 +63,17 @@ class BatchDispatcher:
 
     def __init__(self, log: EventLog, registry_view: RegistryView, store: ObjectStore, queue: ChunkQueue, *,
                  options: DispatchOptions, limits_for: Callable[[str, Registry], BatchLimits],
-                 member_id: str | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+                 member_id: str | None = None, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 pool_live: Callable[[str], bool | None] | None = None):
+        """`pool_live`: whether a dedicated pool has a live batch worker (default: the
+        queue's own `has_worker`, where it has one)."""
         self._log, self._registry_view, self._clock = log, registry_view, clock
         self._consumer = log.consumer(self.GROUP, [TOPIC.name], member_id=member_id)
         self.book, self.budgets = BatchBook(), BudgetBook()
         self._assigned: set = set()
         self._reconciler = Reconciler(store=store, queue=queue, options=options, budget_of=self.budgets.of,
-                                      limits_for=limits_for)
+                                      limits_for=limits_for,
+                                      pool_live=pool_live or getattr(queue, "has_worker", None))
         self.rejected_records = 0
         self.failed_units = 0
         self._readiness: Readiness | None = None  # `run`'s

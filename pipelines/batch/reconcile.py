@@ -14,7 +14,12 @@ batch advances whichever event woke the dispatcher. Steps, in order:
                           for, skip the rest as insufficient_quota
   queued, not started   → sent to the queue again after `requeue_after_s` (a broker
                           restarted without persistence loses what it held); no event
+  waiting on a pool     → BatchWaitingForPool, once, when the tenant's dedicated pool has
+                          no live batch worker and none of the batch's chunks runs
   every chunk settled   → BatchFinalizationStarted; on the next pass, assemble the files
+
+A tenant with a dedicated pool (its `pool` limit) has its chunks sent to that pool's own
+queue, whether or not a worker of the pool is up: they wait there, never on the shared one.
 """
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ from models.batch import BatchState, ChunkState
 from models.batch_budget import BatchLimits, TenantBatchBudget
 from models.events_batch import (
     BatchCancelRequested, BatchChunkFailed, BatchChunkQueued, BatchChunkSkipped, BatchFailed, BatchFinalizationStarted, BatchUsageSettled,
-    BatchValidated, BatchWindowElapsed, RequestCounts,
+    BatchValidated, BatchWaitingForPool, BatchWindowElapsed, RequestCounts,
 )
+from models import topics
 from models.registry import Registry
 from pipelines import artifacts
 from pipelines.admission.decisions import cost_micros
@@ -61,6 +67,12 @@ class DispatchOptions:
         return timedelta(seconds=(self.chunk_time_limit_s + 60) * (self.max_retries + 1) + 60)
 
 
+def pool_of(registry: Registry, tenant_id: str) -> str | None:
+    """The tenant's dedicated pool as the registry records it; None for the shared pool."""
+    pool = registry.limits_for(tenant_id).pool
+    return None if pool in (None, topics.SHARED_POOL) else pool
+
+
 def reservation_id(batch_id: str, chunk_index: int) -> str:
     # Deterministic, so a redone decision reserves (and sends) the very same thing.
     return f"bres_{batch_id}_{chunk_index}"
@@ -69,9 +81,12 @@ def reservation_id(batch_id: str, chunk_index: int) -> str:
 class Reconciler:
     def __init__(self, *, store: ObjectStore, queue: ChunkQueue, options: DispatchOptions,
                  budget_of: Callable[[str], TenantBatchBudget],
-                 limits_for: Callable[[str, Registry], BatchLimits]):
+                 limits_for: Callable[[str, Registry], BatchLimits],
+                 pool_live: Callable[[str], bool | None] | None = None):
+        """`pool_live(pool)`: whether a live batch worker takes the pool's chunks (None:
+        not known, and nothing is said of it)."""
         self.store, self.queue, self.options = store, queue, options
-        self.budget_of, self.limits_for = budget_of, limits_for
+        self.budget_of, self.limits_for, self.pool_live = budget_of, limits_for, pool_live
         self._stopped: set[tuple[str, str]] = set()  # stop markers written by this process
         self._sent: dict[tuple[str, int], datetime] = {}  # when this process last sent a queued chunk again
 
@@ -101,6 +116,7 @@ class Reconciler:
         if not batch.stopping:
             self._resend_unstarted(batch, registry, now)
             self._queue_chunks(batch, emit, registry, now)
+            self._note_waiting(batch, emit, registry)
         if batch.all_chunks_terminal():
             if not batch.finalizing:
                 emit(BatchFinalizationStarted(batch_id=batch.batch_id))
@@ -189,7 +205,7 @@ class Reconciler:
                                                reason="insufficient_quota"))
                 return
             res_id = reservation_id(batch.batch_id, chunk.index)
-            self.queue.enqueue(self._task(batch, chunk, revision, res_id))
+            self.queue.enqueue(self._task(batch, chunk, revision, res_id, registry))
             emit(BatchChunkQueued(batch_id=batch.batch_id, chunk_index=chunk.index, reservation_id=res_id,
                                   tokens=chunk.tokens, cost_micros=chunk.cost_micros))
 
@@ -205,12 +221,24 @@ class Reconciler:
             if now - last > after:
                 logger.warning("chunk %s/%s queued %s ago and not started; sending it again",
                                batch.batch_id, chunk.index, now - (chunk.queued_at or now))
-                self.queue.enqueue(self._task(batch, chunk, revision, chunk.reservation_id))
+                self.queue.enqueue(self._task(batch, chunk, revision, chunk.reservation_id, registry))
                 self._sent[key] = now
 
-    def _task(self, batch: BatchState, chunk: ChunkState, revision, res_id: str) -> dict:
+    def _note_waiting(self, batch: BatchState, emit: Callable, registry: Registry) -> None:
+        """Says once that the batch waits for its pool's worker: only while chunks are queued,
+        none runs, and the pool's workers are known to be gone."""
+        pool = pool_of(registry, batch.tenant_id)
+        if pool is None or self.pool_live is None or batch.waiting_for_pool == pool:
+            return
+        if not any(c.status == "queued" for c in batch.chunks) or any(c.status == "running" for c in batch.chunks):
+            return
+        if self.pool_live(pool) is False:
+            emit(BatchWaitingForPool(batch_id=batch.batch_id, pool=pool))
+
+    def _task(self, batch: BatchState, chunk: ChunkState, revision, res_id: str, registry: Registry) -> dict:
         spec = batch.summarization
-        return {
+        pool = pool_of(registry, batch.tenant_id)
+        return ({"pool": pool} if pool else {}) | {
             "tenant_id": batch.tenant_id, "batch_id": batch.batch_id, "chunk_index": chunk.index,
             "reservation_id": res_id, "endpoint": batch.endpoint, "model_alias": batch.model_alias,
             "model_revision": revision.model_revision, "model_path": revision.model_path,
