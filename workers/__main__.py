@@ -83,7 +83,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ledgerlm model approve: {exc}", file=sys.stderr)
             return 2
         print(json.dumps({"model_revision": revision}))
+    _note_no_chat_template(model_dir(settings), revision)
     return 0
+
+
+def _note_no_chat_template(path: Path, revision: str) -> None:
+    """A line on stderr where the approved model has no chat template (approved all the same)."""
+    from pipelines.generation.tokencount import has_chat_template
+
+    if not has_chat_template(path):
+        print(f"ledgerlm model approve: {revision} has no chat template: chat requests to it will be refused; "
+              f"completions work", file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from pipelines.generation.tokencount import templated
+
 SEPARATOR = "\n\n"  # between summaries joined for a reduce call
 
 
@@ -25,7 +27,8 @@ def encode_completion(tokenizer, prompt: str) -> list[int]:
 
 def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
     # The chat template writes its own special tokens (BOS), so none are added again.
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # `ChatTemplateMissing` where the model has none.
+    text = templated(tokenizer, messages)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

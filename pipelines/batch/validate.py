@@ -19,6 +19,7 @@ from pipelines.admission.decisions import cost_micros
 from pipelines.batch.lines import LineError, ParsedLine, error_line, parse_line
 from pipelines.batch.schemas import DOCUMENT_INPUT, REQUEST_INPUT, write_table
 from pipelines.batch.tokens import encode_chat, encode_completion, encode_text, template_ids, tokenizer_for
+from pipelines.generation.tokencount import ChatTemplateMissing, chat_template_missing
 from pipelines.objectstore import ObjectNotFound, ObjectStore
 
 
@@ -99,8 +100,13 @@ def validate_requests(batch: BatchState, *, store: ObjectStore, registry: Regist
     tokenizer = tokenizer_for(revision.model_path)
     rows, bounds = [], []
     for line in parsed:
-        ids = encode_chat(tokenizer, line.messages) if line.messages is not None else \
-            encode_completion(tokenizer, line.prompt)
+        try:
+            ids = encode_chat(tokenizer, line.messages) if line.messages is not None else \
+                encode_completion(tokenizer, line.prompt)
+        except ChatTemplateMissing:
+            invalid.append(error_line(batch.batch_id, line.line, line.custom_id, "chat_template_missing",
+                                      f"line {line.line}: {chat_template_missing(revision.model_revision)}"))
+            continue
         max_tokens = line.max_tokens or max(1, revision.max_model_len - len(ids))
         if len(ids) + max_tokens > revision.max_model_len:
             invalid.append(error_line(batch.batch_id, line.line, line.custom_id, "context_length_exceeded",
@@ -112,8 +118,9 @@ def validate_requests(batch: BatchState, *, store: ObjectStore, registry: Regist
                      "seed": line.seed, "stop": line.stop, "ignore_eos": line.ignore_eos})
         bounds.append((len(ids), max_tokens))
     if not rows:
-        raise BatchInputError("no_valid_requests", "no request fits the model's context", total=total,
-                              invalid=sorted(invalid, key=lambda e: e["error"]["line"]))
+        invalid.sort(key=lambda e: e["error"]["line"])
+        raise BatchInputError("no_valid_requests", f"no request can run on the model: {invalid[0]['error']['message']}",
+                              total=total, invalid=invalid)
     result.total, result.invalid = total, sorted(invalid, key=lambda e: e["error"]["line"])
     result.chunks = _chunked(store, batch, rows, bounds, chunk_size, REQUEST_INPUT, revision)
     return result

@@ -20,7 +20,9 @@ from models.router import RouteAsk, choose
 from models.rollout import ARM_CANDIDATE, ARM_STABLE, SHADOW_TENANT, stickiness_key
 from pipelines.eventlog import EventLog
 from pipelines.publish import partition_of, publish
-from pipelines.generation.tokencount import TokenCounter, TokenizerUnavailable
+from pipelines.generation.tokencount import (
+    ChatTemplateMissing, TokenCounter, TokenizerUnavailable, chat_template_missing,
+)
 
 # A generation's statuses (the generations projection's words) that it never leaves.
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "expired", "rejected"})
@@ -353,7 +355,7 @@ def largest_kv(fleet: Fleet | None, pool: str, revision: str) -> int | None:
 def _prompt_for(cmd: SubmitGeneration, counter: TokenCounter, revision) -> tuple[str, int]:
     """The request's prompt as the revision's model sees it, and its input tokens."""
     try:
-        prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision.model_path, cmd.messages)
+        prompt = cmd.prompt if cmd.messages is None else _templated(counter, revision, cmd.messages)
         return prompt, counter.count(revision.model_path, prompt)
     except TokenizerUnavailable as exc:
         # The revision's files cannot be read here (an approval naming a path that is not
@@ -369,11 +371,14 @@ def _room_for_output(registry: Registry, tenant_id: str, revision, input_tokens:
     return min(room, limit) if limit else room
 
 
-def _templated(counter: TokenCounter, model_path: str, messages: tuple[dict, ...]) -> str:
+def _templated(counter: TokenCounter, revision, messages: tuple[dict, ...]) -> str:
     try:
-        return counter.chat_prompt(model_path, list(messages))
+        return counter.chat_prompt(revision.model_path, list(messages))
     except TokenizerUnavailable:
         raise
+    except ChatTemplateMissing:
+        raise SubmissionError(400, "chat_template_missing", chat_template_missing(revision.model_revision),
+                              "messages") from None
     except Exception as exc:  # a template may refuse a message order (e.g. two system messages)
         raise SubmissionError(400, "invalid_messages", f"The messages cannot be templated for this model: "
                               f"{type(exc).__name__}", "messages") from None

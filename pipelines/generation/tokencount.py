@@ -1,9 +1,11 @@
 """Counts prompt tokens with the pinned revision's own tokenizer, as the engine will."""
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterable
 
 logger = logging.getLogger(__name__)
@@ -11,6 +13,41 @@ logger = logging.getLogger(__name__)
 
 class TokenizerUnavailable(OSError):
     """The tokenizer of a revision cannot be loaded here."""
+
+
+class ChatTemplateMissing(ValueError):
+    """The model has no chat template, so messages cannot be made into its prompt."""
+
+
+def chat_template_missing(model_revision: str) -> str:
+    """What a chat request to a revision without a chat template is told."""
+    return (f"model revision {model_revision} has no chat template: use /v1/completions or approve a model "
+            f"with one")
+
+
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def has_chat_template(model_dir: str | Path) -> bool:
+    """Whether the model directory holds a chat template, where the tokenizer reads one:
+    `chat_template` in tokenizer_config.json, or a chat_template.jinja (.json) beside it.
+    Reads the files only (no tokenizer loads)."""
+    path = Path(model_dir)
+    if any((path / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def templated(tokenizer, messages: list[dict]) -> str:
+    """The messages as the model's prompt text, by its chat template; `ChatTemplateMissing`
+    where it has none (transformers would raise a bare ValueError)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateMissing("the model has no chat template")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 class TokenCounter:
@@ -61,4 +98,4 @@ class TokenCounter:
 
     def chat_prompt(self, model_path: str, messages: list[dict]) -> str:
         with self._lock:
-            return self._loaded(model_path).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return templated(self._loaded(model_path), messages)
