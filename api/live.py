@@ -103,6 +103,7 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
     refused so cools down for a while (`api.ladder`): requests routed to it meanwhile go
     to the fallback at once."""
     tried: list[str] = []
+    key = idempotency_key
     while True:
         try:
             return await _start_once(svc, principal, cmd, request=request, body=body,
@@ -119,7 +120,8 @@ async def start_generation(svc: Services, principal: Principal, cmd: SubmitGener
                 raise
             cmd = replace(cmd, fallback_to=fallback, fallback_from=refused,
                           request_id=None if cmd.request_id is None else f"{cmd.request_id}.fb{len(tried)}")
-            idempotency_key = None  # the key stays with the request refused; this one is new
+            # Keyed too (a key derived from the client's), so a retry finds what the fallback served.
+            idempotency_key = None if key is None else idempotency.fallback_key(key, len(tried))
 
 
 def _pool_of(svc: Services, principal: Principal) -> str:

@@ -126,3 +126,4 @@ NonNegInt = Field(ge=0)
 
 # Registers the event catalogue; kept last so those modules can import from this one.
 from models import events_generation, events_admin, events_batch, events_fleet, events_rollout  # noqa: E402,F401
+from models import events_idempotency  # noqa: E402,F401

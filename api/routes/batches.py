@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import ServicesDep
 from api.errors import ApiError
+from api.idempotent import IdempotencyKey, once
 from api.routes.batch_deps import BatchDep, BatchServicesDep, batch_object, page
 from pipelines.batch.submit import SubmitBatch, cancel_batch, submit_batch
 
@@ -25,12 +26,16 @@ class BatchBody(BaseModel):
 
 
 @router.post("/v1/batches")
-async def create_batch(body: BatchBody, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep):
+async def create_batch(body: BatchBody, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep,
+                       request: Request, idempotency_key: IdempotencyKey = None):
     cmd = SubmitBatch(input_file_id=body.input_file_id, endpoint=body.endpoint,
                       completion_window=body.completion_window, metadata=body.metadata or {})
-    batch = await asyncio.to_thread(submit_batch, cmd, principal=principal, view=bsvc.view, store=bsvc.store,
-                                    log=svc.log)
-    return batch_object(batch)
+
+    async def submit() -> dict:
+        return batch_object(await asyncio.to_thread(submit_batch, cmd, principal=principal, view=bsvc.view,
+                                                    store=bsvc.store, log=svc.log))
+    return await once(request, svc, principal.tenant_id, idempotency_key, route="batches",
+                      body=body.model_dump(mode="json"), run=submit)
 
 
 def _own_batch(bsvc, principal, batch_id: str):
@@ -53,6 +58,10 @@ def list_batches(principal: BatchDep, bsvc: BatchServicesDep, after: str | None 
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
-def cancel(batch_id: str, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep):
-    _own_batch(bsvc, principal, batch_id)
-    return batch_object(cancel_batch(batch_id, principal=principal, view=bsvc.view, log=svc.log))
+async def cancel(batch_id: str, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep, request: Request,
+                 idempotency_key: IdempotencyKey = None):
+    def cancelled() -> dict:
+        _own_batch(bsvc, principal, batch_id)
+        return batch_object(cancel_batch(batch_id, principal=principal, view=bsvc.view, log=svc.log))
+    return await once(request, svc, principal.tenant_id, idempotency_key, route="batches.cancel",
+                      body={"batch_id": batch_id}, run=lambda: asyncio.to_thread(cancelled))

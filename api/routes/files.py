@@ -3,6 +3,7 @@ batches leave. Only the tenant's own files exist for it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import tempfile
 
@@ -11,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import ServicesDep
 from api.errors import ApiError
+from api.idempotent import IdempotencyKey, once
 from api.routes.batch_deps import BatchDep, BatchServicesDep, file_object, page
 from models import topics
 from models.events import new_event
@@ -24,7 +26,7 @@ MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
 
 @router.post("/v1/files")
 async def create_file(request: Request, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep,
-                      file: UploadFile = File(...), purpose: str = Form(...)):
+                      file: UploadFile = File(...), purpose: str = Form(...), idempotency_key: IdempotencyKey = None):
     limit = svc.settings.batch_max_file_bytes
     if int(request.headers.get("content-length") or 0) > limit + MULTIPART_SLACK:
         raise ApiError(413, f"the upload is larger than the limit of {limit} bytes", code="file_too_large",
@@ -33,12 +35,26 @@ async def create_file(request: Request, principal: BatchDep, svc: ServicesDep, b
     os.close(fd)
     try:
         await asyncio.to_thread(copy_upload, file.file, path)
-        stored = await asyncio.to_thread(
-            upload_file, principal=principal, store=bsvc.store, log=svc.log, filename=file.filename or "upload",
-            purpose=purpose, local_path=path, max_bytes=limit)
+        filename = file.filename or "upload"
+
+        async def store() -> dict:
+            return file_object(await asyncio.to_thread(
+                upload_file, principal=principal, store=bsvc.store, log=svc.log, filename=filename,
+                purpose=purpose, local_path=path, max_bytes=limit))
+        # "The same body" of an upload: its bytes (hashed), name and purpose.
+        body = {"filename": filename, "purpose": purpose,
+                "content_sha256": await asyncio.to_thread(_sha256_of, path) if idempotency_key is not None else ""}
+        return await once(request, svc, principal.tenant_id, idempotency_key, route="files", body=body, run=store)
     finally:
         os.remove(path)
-    return file_object(stored)
+
+
+def _sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _own_file(bsvc, principal, file_id: str):

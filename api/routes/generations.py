@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field
 
 from api.deps import GenerateDep, ServicesDep
 from api.errors import ApiError
+from api.idempotent import once
 from api.generation_status import find_status
 from api.live import find_request, start_generation
 from api.sse import collect, event_json, failure_error, native_frames_for, stream_response
@@ -71,7 +72,13 @@ async def get_generation(request_id: str, principal: GenerateDep, svc: ServicesD
 
 
 @router.post("/v1/generations/{request_id}/cancel")
-async def cancel_generation(request_id: str, principal: GenerateDep, svc: ServicesDep, request: Request):
+async def cancel_generation(request_id: str, principal: GenerateDep, svc: ServicesDep, request: Request,
+                            idempotency_key: IdempotencyKey = None):
+    return await once(request, svc, principal.tenant_id, idempotency_key, route="generations.cancel",
+                      body={"request_id": request_id}, run=lambda: _cancel(request_id, principal, svc, request))
+
+
+async def _cancel(request_id: str, principal, svc, request: Request) -> dict:
     info = await asyncio.to_thread(find_request, svc, principal.tenant_id, request_id)
     if info is None:
         raise _not_found(request_id)

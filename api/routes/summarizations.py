@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import ServicesDep
 from api.errors import ApiError
+from api.idempotent import IdempotencyKey, once
 from api.routes.batch_deps import BatchDep, BatchServicesDep, page, summarization_object
 from pipelines.batch.output import open_part, output_parts
 from pipelines.batch.submit import SubmitSummarization, cancel_batch, submit_summarization
@@ -37,14 +38,18 @@ class SummarizationBody(BaseModel):
 
 @router.post("/v1/summarizations")
 async def create_summarization(body: SummarizationBody, principal: BatchDep, svc: ServicesDep,
-                               bsvc: BatchServicesDep):
+                               bsvc: BatchServicesDep, request: Request, idempotency_key: IdempotencyKey = None):
     cmd = SubmitSummarization(model=body.model, prompt_template=body.prompt_template,
                               max_output_tokens=body.max_output_tokens, input_file_id=body.input_file_id,
                               input_url=body.input_url, temperature=body.temperature, metadata=body.metadata or {})
-    job = await asyncio.to_thread(
-        submit_summarization, cmd, principal=principal, registry=svc.registry_view.refresh(), view=bsvc.view,
-        store=bsvc.store, log=svc.log, max_bytes=svc.settings.batch_max_file_bytes)
-    return summarization_object(job, bsvc.store)
+
+    async def submit() -> dict:
+        job = await asyncio.to_thread(
+            submit_summarization, cmd, principal=principal, registry=svc.registry_view.refresh(), view=bsvc.view,
+            store=bsvc.store, log=svc.log, max_bytes=svc.settings.batch_max_file_bytes)
+        return summarization_object(job, bsvc.store)
+    return await once(request, svc, principal.tenant_id, idempotency_key, route="summarizations",
+                      body=body.model_dump(mode="json"), run=submit)
 
 
 def _own_job(bsvc, principal, job_id: str):
@@ -67,10 +72,14 @@ def list_summarizations(principal: BatchDep, bsvc: BatchServicesDep, after: str 
 
 
 @router.post("/v1/summarizations/{job_id}/cancel")
-def cancel(job_id: str, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep):
-    _own_job(bsvc, principal, job_id)
-    job = cancel_batch(job_id, principal=principal, view=bsvc.view, log=svc.log, kind="summarization")
-    return summarization_object(job, bsvc.store)
+async def cancel(job_id: str, principal: BatchDep, svc: ServicesDep, bsvc: BatchServicesDep, request: Request,
+                 idempotency_key: IdempotencyKey = None):
+    def cancelled() -> dict:
+        _own_job(bsvc, principal, job_id)
+        job = cancel_batch(job_id, principal=principal, view=bsvc.view, log=svc.log, kind="summarization")
+        return summarization_object(job, bsvc.store)
+    return await once(request, svc, principal.tenant_id, idempotency_key, route="summarizations.cancel",
+                      body={"summarization_id": job_id}, run=lambda: asyncio.to_thread(cancelled))
 
 
 @router.get("/v1/summarizations/{job_id}/output")

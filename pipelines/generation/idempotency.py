@@ -20,31 +20,20 @@ submission takes; the API only translates their answers into HTTP.
 from __future__ import annotations
 
 import hashlib
-import hmac
-import re
 import uuid
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from models.events import canonical
 from pipelines.eventlog import EventLog
+from pipelines.idempotency_keys import (  # noqa: F401 - the shared rules, kept importable here
+    WINDOW, IdempotencyKeyInvalid, KeyReused, _sha, key_sha256, request_sha256, validate_key,
+)
 from pipelines.generation.submission import SubmitGeneration, Submitted, request_cancel
 
 if TYPE_CHECKING:  # the index imports this module for `Claim` and `WINDOW`
     from pipelines.generation.request_index import RequestInfo
-
-WINDOW = timedelta(hours=24)
-_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces, as Stripe and OpenAI accept
-
-
-class IdempotencyKeyInvalid(ValueError):
-    pass
-
-
-class KeyReused(Exception):
-    """The key was claimed by a request with another body."""
 
 
 class RequestIdInUse(Exception):
@@ -53,30 +42,6 @@ class RequestIdInUse(Exception):
     def __init__(self, chosen: str, existing: str):
         super().__init__(chosen)
         self.chosen, self.existing = chosen, existing
-
-
-def validate_key(key: str) -> str:
-    if not _KEY.match(key):
-        raise IdempotencyKeyInvalid("Idempotency-Key must be 1 to 255 printable ASCII characters without spaces")
-    return key
-
-
-def _sha(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def key_sha256(tenant_id: str, key: str) -> str:
-    """The key as stored on the log: hashed with its tenant, so equal keys of two tenants differ."""
-    return _sha("idempotency-key", tenant_id, key)
-
-
-def request_sha256(route: str, body: dict, key: bytes | None = None) -> str:
-    """What 'the same body' means: the route and the parsed body in canonical JSON. With
-    the tenant's digest `key` (models.digests), as the API stores it: the body holds the
-    prompt, and a plain hash of it would confirm a guessed one."""
-    if key is None:
-        return _sha("request", route, canonical(body).decode())
-    return hmac.new(key, "\0".join(("request", route, canonical(body).decode())).encode(), hashlib.sha256).hexdigest()
 
 
 def client_request_id(tenant_id: str, request_id: str) -> str:
@@ -153,6 +118,9 @@ def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_k
         decision = decide(claim, body_sha, now)
         if decision is Decision.CONFLICT:
             raise KeyReused()
+        served = _served_by_fallback(tenant_id, idempotency_key, body_sha, index, now) if not cmd.fallback_to else None
+        if served is not None:
+            return served
         if decision is Decision.REPLAY:
             return Replay(claim.request_id)
         cmd = replace(cmd, idempotency_key_sha256=key_sha, request_sha256=body_sha, request_id=cmd.request_id
@@ -160,6 +128,29 @@ def identify(cmd: SubmitGeneration, *, tenant_id: str, body: dict, idempotency_k
     elif chosen is not None and index.request(tenant_id, cmd.request_id):
         raise RequestIdInUse(chosen, cmd.request_id)
     return cmd if cmd.request_id else replace(cmd, request_id=id_prefix + uuid.uuid4().hex)
+
+
+MAX_FALLBACKS = 4  # the most fallback steps of one keyed request a retry looks for
+
+
+def fallback_key(key: str, step: int) -> str:
+    """The key the overload ladder's `step`th fallback of a keyed request is submitted
+    under, so that a retry finds the generation a fallback served (a valid key itself)."""
+    return f"fallback{step}-" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _served_by_fallback(tenant_id: str, key: str, body_sha: str, index: RequestLookup, now: datetime) -> Replay | None:
+    """The last fallback the ladder made for this key, if it made one: its request (refused
+    for capacity, or never on the log) was answered by that generation. Raises `KeyReused`
+    where that fallback had another body."""
+    for step in range(MAX_FALLBACKS, 0, -1):
+        claim = index.claim(tenant_id, key_sha256(tenant_id, fallback_key(key, step)))
+        decision = decide(claim, body_sha, now)
+        if decision is Decision.CONFLICT:  # the fallback holds the key for its body
+            raise KeyReused()
+        if decision is Decision.REPLAY:
+            return Replay(claim.request_id)
+    return None
 
 
 def resolve_key_race(submitted: Submitted, *, index: RequestLookup, log: EventLog) -> Replay | SharedRequest | None:
