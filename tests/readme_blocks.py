@@ -108,7 +108,7 @@ def extract_blocks(readme: str) -> list[Block]:
             continue
         close = _closing(lines, i, end, match)
         lang = match["info"].strip().split(" ")[0].lower()
-        body = "\n".join(_dedent(l, len(match["indent"])) for l in lines[i + 1:close])
+        body = "\n".join(_dedent(line, len(match["indent"])) for line in lines[i + 1:close])
         if lang in SHELL_LANGS or lang in PYTHON_LANGS:
             previous = SKIP_MARKER.match(lines[i - 1].strip()) if i > 0 else None
             blocks.append(Block(number=len(blocks) + 1, lang="python" if lang in PYTHON_LANGS else "sh",

@@ -68,7 +68,7 @@ def chunk_task(revision) -> batch_runner.ChunkTask:
     reconciler = Reconciler(store=None, queue=None, options=DispatchOptions(), budget_of=None, limits_for=None)
     batch = SimpleNamespace(tenant_id="acme", batch_id="b1", endpoint="/v1/chat/completions", model_alias="smol",
                             summarization=None)
-    task = reconciler._task(batch, SimpleNamespace(index=0), revision, "res")  # noqa: SLF001 - the queued dict
+    task = reconciler._task(batch, SimpleNamespace(index=0), revision, "res", Registry())  # noqa: SLF001 - the queued dict
     return batch_runner.ChunkTask(**json.loads(json.dumps(task)))
 
 
