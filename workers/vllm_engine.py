@@ -323,19 +323,35 @@ class VllmEngine(InferenceEngine):
 
 
 def token_logprobs(completion: Any, k: int) -> tuple[TokenLogprob, ...]:
-    """The new tokens' log probabilities of one delta, with `k` alternatives each. A lone
-    token's text is the delta's text (what the client was sent, so the tokens join up to
-    the answer); several tokens of one step are each decoded alone. A log probability too
+    """The new tokens' log probabilities of one delta, with `k` alternatives each. The
+    tokens' texts are cut from the delta's text (what the client was sent), so they join up
+    to the answer even where vLLM merged several steps into one delta. A log probability too
     small for a float is -9999, as vLLM's own server writes it (JSON has no -inf)."""
     ids, found = completion.token_ids, list(completion.logprobs or ())
+    texts = split_text(completion.text, [at[token_id].decoded_token or "" for token_id, at in zip(ids, found)])
     out = []
-    for token_id, at in zip(ids, found):
-        chosen = at[token_id]
-        token = completion.text if len(ids) == 1 else (chosen.decoded_token or "")
+    for token_id, at, token in zip(ids, found, texts):
         top = sorted((lp for lp in at.values() if lp.rank is not None and lp.rank <= k), key=lambda lp: lp.rank)[:k]
-        out.append(TokenLogprob(token, max(chosen.logprob, -9999.0),
+        out.append(TokenLogprob(token, max(at[token_id].logprob, -9999.0),
                                 tuple((lp.decoded_token or "", max(lp.logprob, -9999.0)) for lp in top)))
     return tuple(out)
+
+
+def split_text(text: str, decoded: list[str]) -> list[str]:
+    """`text` cut into one piece per token, after the tokens' texts decoded one by one
+    (which may lack the space a tokenizer marks, or hold bytes of a character not yet
+    whole): each piece is its decoded text where the text goes on with it (or with a space
+    and it), and the last piece is whatever is left, so the pieces always join to `text`."""
+    pieces, at = [], 0
+    for token in decoded[:-1]:
+        for piece in (token, " " + token):
+            if token and text.startswith(piece, at):
+                break
+        else:
+            piece = ""
+        pieces.append(piece)
+        at += len(piece)
+    return pieces + [text[at:]] if decoded else []
 
 
 def _cmdline(process: psutil.Process) -> str:

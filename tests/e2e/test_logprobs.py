@@ -53,7 +53,10 @@ def test_chat_logprobs_whole_and_streamed(platform):
     assert_chat_logprobs(content, text, 3)
 
     # The ask rode on the request's event; its token events carry one entry a token.
-    events = wait_until(lambda: token_events(platform, whole.id), 30, what="the token events")
+    def all_tokens():
+        events = token_events(platform, whole.id)
+        return events if sum(env.payload.token_count for _, env in events) == TOKENS else None
+    events = wait_until(all_tokens, 30, what="all the token events")
     assert sum(len(env.payload.logprobs) for _, env in events) == TOKENS
 
 

@@ -30,6 +30,7 @@ from workers import engine as port
 from workers.generation import serve_generation
 from workers.stream_writer import StreamWriter
 from workers.synthetic_engine import SyntheticEngine
+from workers.vllm_engine import split_text
 
 
 def asked(route, **body) -> int | None:
@@ -225,3 +226,15 @@ def test_the_worker_puts_the_engines_logprobs_on_the_token_events_of_a_request_t
     assert sum(len(p.logprobs) for p in tokens) == sum(p.token_count for p in tokens) == 2
     assert all(len(t.top) == 2 for p in tokens for t in p.logprobs)
     assert plain and all(p.logprobs is None for p in plain)
+
+
+@pytest.mark.parametrize("text,decoded,pieces", [
+    ("Hello world", ["Hello", "world"], ["Hello", " world"]),  # a tokenizer's space mark, lost decoding alone
+    (" a b", ["a", "b"], [" a", " b"]),
+    ("é!", ["\ufffd", "\ufffd", "!"], ["", "", "é!"]),  # a character across tokens: the text comes whole
+    ("cut", ["cu", "tting"], ["cu", "t"]),  # a stop string cut the last token short
+    ("x", ["x"], ["x"]), ("", [], []),
+])
+def test_a_deltas_text_is_cut_into_one_piece_a_token_that_join_to_it(text, decoded, pieces):
+    assert split_text(text, decoded) == pieces
+    assert "".join(split_text(text, decoded)) == text
