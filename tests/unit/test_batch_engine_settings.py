@@ -22,29 +22,20 @@ from workers import batch_runner
 from workers.batch_engine import EngineMismatch, EngineSlot, batch_config
 from workers.engine_config import VllmEngineConfig, engine_config_hash
 from workers.revision import engine_settings
+from tests.model_dirs import fresh_home, stand_in_model
 
 CAPACITY = {"max_num_seqs": 8, "kv_cache_gb": 0.5}  # what `workers.batch.resources` gives the slot
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    for name in ("LEDGERLM_EVENT_LOG_URL", "LEDGERLM_EVENT_LOG_NAMESPACE", "LEDGERLM_MODEL_ALIAS",
-                 "LEDGERLM_REQUIRE_SIGNED_ARTIFACTS", "LEDGERLM_ARTIFACT_TRUSTED_KEYS", "LEDGERLM_ENGINE_SETTINGS",
-                 "LEDGERLM_ENGINE_FACTORY", "LEDGERLM_MAX_MODEL_LEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LEDGERLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+    return fresh_home(tmp_path, monkeypatch, "LEDGERLM_ENGINE_SETTINGS", "LEDGERLM_ENGINE_FACTORY", "LEDGERLM_MAX_MODEL_LEN")
 
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
     """A directory the engine port hashes as a model (no engine loads it here)."""
-    root = tmp_path / "smollm2"
-    root.mkdir()
-    (root / "config.json").write_text('{"layers": 2}')
-    (root / "model.safetensors").write_bytes(b"\x00weights" * 100)
-    monkeypatch.setenv("LEDGERLM_MODEL", str(root))
-    return root
+    return stand_in_model(tmp_path, monkeypatch)
 
 
 def approve(alias: str, *flags: str):

@@ -27,28 +27,20 @@ from workers.engine_config import VllmEngineConfig, _model_fingerprint, engine_c
 from workers.revision import check_engine, engine_settings
 from workers.serving import resolve_worker_revision
 from workers.vllm_engine import VllmEngine
+from tests.model_dirs import fresh_home, stand_in_model
 
 CPU, GPUS = Device("cpu"), Device("gpu", 2)
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    for name in ("LEDGERLM_EVENT_LOG_URL", "LEDGERLM_EVENT_LOG_NAMESPACE", "LEDGERLM_MODEL_ALIAS",
-                 "LEDGERLM_REQUIRE_SIGNED_ARTIFACTS", "LEDGERLM_ARTIFACT_TRUSTED_KEYS", "LEDGERLM_ENGINE_SETTINGS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LEDGERLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+    return fresh_home(tmp_path, monkeypatch, "LEDGERLM_ENGINE_SETTINGS")
 
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
     """A directory the engine port hashes as a model (no engine loads it here)."""
-    root = tmp_path / "smollm2"
-    root.mkdir()
-    (root / "config.json").write_text('{"layers": 2}')
-    (root / "model.safetensors").write_bytes(b"\x00weights" * 100)
-    monkeypatch.setenv("LEDGERLM_MODEL", str(root))
-    return root
+    return stand_in_model(tmp_path, monkeypatch)
 
 
 def registry() -> Registry:

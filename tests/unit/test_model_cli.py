@@ -14,28 +14,20 @@ import workers.__main__ as workers_cli
 from models.prices import PRICE_FLAGS
 from models.settings import Settings
 from pipelines.bootstrap import Bootstrap
+from tests.model_dirs import fresh_home, stand_in_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    for name in ("LEDGERLM_EVENT_LOG_URL", "LEDGERLM_EVENT_LOG_NAMESPACE", "LEDGERLM_MODEL_ALIAS",
-                 "LEDGERLM_REQUIRE_SIGNED_ARTIFACTS", "LEDGERLM_ARTIFACT_TRUSTED_KEYS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LEDGERLM_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+    return fresh_home(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
     """A directory the engine port hashes as a model (no engine loads it here)."""
-    root = tmp_path / "smollm2"
-    root.mkdir()
-    (root / "config.json").write_text('{"layers": 2}')
-    (root / "model.safetensors").write_bytes(b"\x00weights" * 100)
-    monkeypatch.setenv("LEDGERLM_MODEL", str(root))
-    return root
+    return stand_in_model(tmp_path, monkeypatch)
 
 
 def approve(capsys, *argv: str) -> tuple[int, list[dict], str]:
