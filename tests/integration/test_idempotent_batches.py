@@ -34,14 +34,20 @@ class Restarted:
         self.plat = plat
 
     def __enter__(self):
-        self.server, self.thread, port = serve_api(create_app(api_services(self.plat.settings, self.plat._log())),
-                                                   "batch-api-restarted")
+        self.log = self.plat.open_log()  # its own handle, closed with it (the platform outlives this module)
+        try:
+            self.server, self.thread, port = serve_api(create_app(api_services(self.plat.settings, self.log)),
+                                                       "batch-api-restarted")
+        except BaseException:
+            self.log.close()
+            raise
         self.base_url = f"http://127.0.0.1:{port}"
         return self
 
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(15)
+        self.log.close()
 
 
 def test_a_file_and_a_batch_retried_with_their_keys_are_made_and_run_once(batch_platform):
