@@ -25,3 +25,17 @@ def stand_in_model(tmp_path: Path, monkeypatch) -> Path:
     (root / "model.safetensors").write_bytes(b"\x00weights" * 100)
     monkeypatch.setenv("LEDGERLM_MODEL", str(root))
     return root
+
+
+def registry_now():
+    """The registry as the log under the current settings holds it now."""
+    from models.settings import Settings
+    from pipelines.bootstrap import Bootstrap
+
+    platform = Bootstrap(Settings())
+    with platform.event_log() as log:
+        view = platform.registry_view(log)
+        try:
+            return view.refresh()
+        finally:
+            view.close()

@@ -22,7 +22,7 @@ from workers import batch_runner
 from workers.batch_engine import EngineMismatch, EngineSlot, batch_config
 from workers.engine_config import VllmEngineConfig, engine_config_hash
 from workers.revision import engine_settings
-from tests.model_dirs import fresh_home, stand_in_model
+from tests.model_dirs import fresh_home, registry_now, stand_in_model
 
 CAPACITY = {"max_num_seqs": 8, "kv_cache_gb": 0.5}  # what `workers.batch.resources` gives the slot
 
@@ -44,14 +44,6 @@ def approve(alias: str, *flags: str):
     return registry_now().revisions[f"{alias}@1"]
 
 
-def registry_now() -> Registry:
-    platform = Bootstrap(Settings())
-    with platform.event_log() as log:
-        view = platform.registry_view(log)
-        try:
-            return view.refresh()
-        finally:
-            view.close()
 
 
 def chunk_task(revision) -> batch_runner.ChunkTask:

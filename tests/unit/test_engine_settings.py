@@ -27,7 +27,7 @@ from workers.engine_config import VllmEngineConfig, _model_fingerprint, engine_c
 from workers.revision import check_engine, engine_settings
 from workers.serving import resolve_worker_revision
 from workers.vllm_engine import VllmEngine
-from tests.model_dirs import fresh_home, stand_in_model
+from tests.model_dirs import fresh_home, registry_now, stand_in_model
 
 CPU, GPUS = Device("cpu"), Device("gpu", 2)
 
@@ -43,14 +43,8 @@ def model(tmp_path, monkeypatch):
     return stand_in_model(tmp_path, monkeypatch)
 
 
-def registry() -> Registry:
-    platform = Bootstrap(Settings())
-    with platform.event_log() as log:
-        view = platform.registry_view(log)
-        try:
-            return view.refresh()
-        finally:
-            view.close()
+def registry():
+    return registry_now()
 
 
 def run_cli(main, capsys, *argv: str) -> tuple[int, list[dict], str]:

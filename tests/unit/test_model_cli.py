@@ -12,9 +12,7 @@ import pytest
 
 import workers.__main__ as workers_cli
 from models.prices import PRICE_FLAGS
-from models.settings import Settings
-from pipelines.bootstrap import Bootstrap
-from tests.model_dirs import fresh_home, stand_in_model
+from tests.model_dirs import fresh_home, registry_now, stand_in_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,13 +35,7 @@ def approve(capsys, *argv: str) -> tuple[int, list[dict], str]:
 
 
 def registry():
-    platform = Bootstrap(Settings())
-    with platform.event_log() as log:
-        view = platform.registry_view(log)
-        try:
-            return view.refresh()
-        finally:
-            view.close()
+    return registry_now()
 
 
 def test_model_approve_names_a_second_revision_and_sets_its_prices(home, model, capsys):
