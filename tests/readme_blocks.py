@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
+from tests.helpers import wait_until
 
 START_HEADING = "## Quickstart"
 TOUR_HEADING = "## A tour of what it does"
@@ -230,7 +231,10 @@ def _watch(proc: subprocess.Popen, out: Path, numbers: list[int], timeout_s: flo
             return f"the whole run passed its bound of {timeout_s:g} s"
         if time.monotonic() - block_started > block_timeout_s:
             return f"block {numbers[done]} passed its bound of {block_timeout_s:g} s"
-        time.sleep(0.2)
+        try:  # wakes as soon as the shell exits, else looks at its progress again
+            proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
     return None
 
 
@@ -241,9 +245,10 @@ def _end_session(proc: subprocess.Popen, grace_s: float) -> None:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
-        deadline = time.monotonic() + grace
-        while _in_session(proc) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: not _in_session(proc), grace, what="the run's session to empty", every_s=0.1)
+        except AssertionError:
+            continue  # what outlived this signal gets the next one
     proc.wait(timeout=5.0)
 
 
